@@ -1,0 +1,221 @@
+"""The DFlash block-diffusion draft, in the public checkpoint format.
+
+One forward turns `[staged, MASK x (B-1)]` into B-1 proposals. Its attention reads the target's
+hidden states (context, cached across cycles) and the block itself, bidirectionally. It has no
+embeddings and no LM head of its own: the target lends both.
+"""
+from dataclasses import dataclass, field
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
+
+
+@dataclass
+class DraftConfig:
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    target_layer_ids: list
+    mask_token_id: int
+    block_size: int = 16
+    num_target_layers: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: Optional[dict] = None
+    max_position_embeddings: int = 40960
+    layer_types: list = field(default_factory=list)
+    sliding_window: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "DraftConfig":
+        dflash = cfg.get("dflash_config") or {}
+        rope = cfg.get("rope_parameters") or {}
+        rope_scaling = cfg.get("rope_scaling")
+        if rope and rope.get("rope_type", rope.get("type", "default")) != "default":
+            rope_scaling = rope
+        heads = cfg["num_attention_heads"]
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            intermediate_size=cfg["intermediate_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            vocab_size=cfg["vocab_size"],
+            target_layer_ids=list(dflash.get("target_layer_ids", cfg.get("target_layer_ids", []))),
+            mask_token_id=dflash.get("mask_token_id", cfg.get("mask_token_id")),
+            block_size=cfg.get("block_size", 16),
+            num_target_layers=cfg.get("num_target_layers", 0),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 1_000_000.0)),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=cfg.get("max_position_embeddings", 40960),
+            layer_types=list(cfg.get("layer_types") or []),
+            sliding_window=cfg.get("sliding_window"),
+        )
+
+    def to_dict(self) -> dict:
+        """The public config.json layout, readable by other DFlash ports."""
+        d = {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "dflash_config": {
+                "target_layer_ids": self.target_layer_ids,
+                "mask_token_id": self.mask_token_id,
+            },
+        }
+        if self.rope_scaling:
+            d["rope_scaling"] = self.rope_scaling
+        if self.layer_types:
+            d["layer_types"] = self.layer_types
+            d["sliding_window"] = self.sliding_window
+        return d
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list:
+    """The published spacing rule for a new draft (read ids from the checkpoint otherwise)."""
+    n, N = num_draft_layers, num_target_layers
+    if n == 1:
+        return [N // 2]
+    return [round(1 + i * (N - 4) / (n - 1)) for i in range(n)]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DraftConfig, sliding_window: Optional[int]):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
+        self.scale = cfg.head_dim**-0.5
+        self.sliding_window = sliding_window
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.rope = initialize_rope(
+            self.head_dim,
+            base=cfg.rope_theta,
+            traditional=False,
+            scaling_config=cfg.rope_scaling,
+            max_position_embeddings=cfg.max_position_embeddings,
+        )
+
+    def keys_values(self, x: mx.array, offset: int):
+        """Per-head normed, rotated keys and values of x (context or block) at `offset`."""
+        B, L, _ = x.shape
+        k = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        return self.rope(k, offset=offset), v
+
+    def __call__(self, x, ctx_k, ctx_v, offset: int, mask=None):
+        B, L, _ = x.shape
+        q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1)).transpose(0, 2, 1, 3)
+        q = self.rope(q, offset=offset)
+        k, v = self.keys_values(x, offset)
+        if ctx_k is not None:
+            k = mx.concatenate([ctx_k, k], axis=2)
+            v = mx.concatenate([ctx_v, v], axis=2)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def __call__(self, x):
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig, sliding_window: Optional[int]):
+        super().__init__()
+        self.self_attn = Attention(cfg, sliding_window)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def __call__(self, h, ctx_k, ctx_v, offset, mask=None):
+        h = h + self.self_attn(self.input_layernorm(h), ctx_k, ctx_v, offset, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DraftModel(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.config = cfg
+        n_taps = len(cfg.target_layer_ids)
+        self.fc = nn.Linear(cfg.hidden_size * n_taps, cfg.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        types = cfg.layer_types or ["full_attention"] * cfg.num_hidden_layers
+        self.layers = [
+            DraftLayer(cfg, cfg.sliding_window if t == "sliding_attention" else None)
+            for t in types
+        ]
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def context_features(self, taps: list) -> mx.array:
+        """Target hidden states of the tapped layers -> the draft's context features."""
+        return self.hidden_norm(self.fc(mx.concatenate(taps, axis=-1)))
+
+    def __call__(self, block_embeds: mx.array, ctx_kv: list, offset: int) -> mx.array:
+        """Hidden states of the block; ctx_kv holds each layer's cached context (keys, values)."""
+        h = block_embeds
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            h = layer(h, k, v, offset, _window_mask(layer, offset, h.shape[1], k))
+        return self.norm(h)
+
+
+def _window_mask(layer: DraftLayer, offset: int, block_len: int, ctx_k) -> Optional[mx.array]:
+    """Full-attention layers need no mask (bidirectional over context and block)."""
+    window = layer.self_attn.sliding_window
+    if window is None or ctx_k is None or offset < window:
+        return None
+    q_pos = offset + mx.arange(block_len)[:, None]
+    k_pos = mx.concatenate([mx.arange(ctx_k.shape[2]), offset + mx.arange(block_len)])[None]
+    return (q_pos - k_pos) < window
+
+
+class DraftContext:
+    """The draft's context K/V per layer, grown by the committed positions' target features."""
+
+    def __init__(self, draft: DraftModel):
+        self.draft = draft
+        self.caches = [KVCache() for _ in draft.layers]  # grows in preallocated steps
+        self.kv = [(None, None) for _ in draft.layers]
+        self.length = 0
+
+    def extend(self, taps: list):
+        feats = self.draft.context_features(taps)
+        self.kv = [
+            cache.update_and_fetch(*layer.self_attn.keys_values(feats, self.length))
+            for layer, cache in zip(self.draft.layers, self.caches)
+        ]
+        self.length += feats.shape[1]

@@ -1,0 +1,177 @@
+"""The speculative cycle and the plain greedy baseline, both yielding plain events."""
+import time
+from typing import Callable, Iterator, Optional
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+
+from .draft import DraftContext, DraftModel
+from .events import CycleEvent, Divergence, RunSummary, TokenEvent
+from .target import Target
+
+
+def accepted_length(drafted: list, posterior: list) -> int:
+    """sum(cumprod(drafted == posterior[:-1])): the longest agreeing prefix. A later match after
+    a mismatch is never accepted."""
+    a = 0
+    while a < len(drafted) and drafted[a] == posterior[a]:
+        a += 1
+    return a
+
+
+def _finish(tokens: list, new: list, max_tokens: int, eos: set):
+    """Append new tokens up to max_tokens or the first EOS; return the stop reason or None."""
+    for tok in new:
+        tokens.append(tok)
+        if tok in eos:
+            return "eos"
+        if len(tokens) >= max_tokens:
+            return "max_tokens"
+    return None
+
+
+def dflash_generate(
+    target: Target,
+    draft: DraftModel,
+    prompt_ids: list,
+    max_tokens: int,
+    block_size: int,
+    eos_ids: set,
+    should_stop: Callable[[], bool] = lambda: False,
+    draft_fn: Optional[Callable] = None,
+) -> Iterator:
+    """Yields one CycleEvent per cycle, then a RunSummary. `draft_fn(ctx_tokens, B)` replaces the
+    draft model's proposals (the oracle mode of the benchmark and the tests)."""
+    B, mask_id = block_size, draft.config.mask_token_id
+    mx.reset_peak_memory()
+    ctx = DraftContext(draft)
+    t_start = time.perf_counter()
+    staged = mx.argmax(target.prefill(prompt_ids, on_taps=ctx.extend)).item()
+    t0 = time.perf_counter()
+    tokens, per_pos, drafted_total, accepted_total = [], [0] * (B - 1), 0, 0
+    stop, cycle = None, 0
+    while stop is None:
+        # draft: one forward over [staged, MASK x (B-1)] proposes B-1 tokens
+        t = time.perf_counter()
+        if draft_fn is None:
+            block = target.embed(mx.array([staged] + [mask_id] * (B - 1)))[None]
+            hidden = draft(block, ctx.kv, ctx.length)
+            drafted = mx.argmax(target.head(hidden[:, 1:]), axis=-1)[0].tolist()
+        else:
+            drafted = draft_fn(prompt_ids + tokens + [staged], B)
+        t_draft = time.perf_counter()
+
+        # verify: one target forward over [staged, d0 .. d(B-2)]
+        logits, taps = target.verify([staged] + drafted)
+        posterior = mx.argmax(logits, axis=-1).tolist()
+        t_verify = time.perf_counter()
+
+        # accept + commit: staged plus the agreeing prefix; the target's next choice is staged
+        a = accepted_length(drafted, posterior)
+        committed = [staged] + drafted[:a]
+        staged = posterior[a]
+
+        # rollback: the target keeps exactly the committed tokens; the draft's context grows
+        # by their hidden states only
+        target.rollback(kept=a + 1, fed=B)
+        mx.eval(target.cache_state())
+        ctx.extend([h[:, : a + 1] for h in taps])
+        t_rollback = time.perf_counter()
+
+        n_before = len(tokens)
+        stop = _finish(tokens, committed, max_tokens, eos_ids)
+        if stop is None and should_stop():
+            stop = "cancelled"
+        drafted_total += B - 1
+        accepted_total += a
+        for k in range(a):
+            per_pos[k] += 1
+        yield CycleEvent(
+            cycle=cycle,
+            staged_token=committed[0],
+            drafted=drafted,
+            posterior=posterior,
+            accepted_len=a,
+            committed=tokens[n_before:],
+            next_staged=staged,
+            kv_trimmed=B - 1 - a,
+            gdn_replayed=a + 1 if target.hybrid else 0,
+            draft_ms=(t_draft - t) * 1e3,
+            verify_ms=(t_verify - t_draft) * 1e3,
+            rollback_ms=(t_rollback - t_verify) * 1e3,
+            t=t_rollback - t0,
+        )
+        cycle += 1
+    yield RunSummary(
+        engine="dflash",
+        prompt_tokens=len(prompt_ids),
+        tokens=tokens,
+        prefill_s=t0 - t_start,
+        decode_s=time.perf_counter() - t0,
+        stop_reason=stop,
+        peak_memory_mb=mx.get_peak_memory() / 2**20,
+        block_size=B,
+        cycles=cycle,
+        drafted_tokens=drafted_total,
+        accepted_tokens=accepted_total,
+        accepted_per_position=per_pos,
+    )
+
+
+def baseline_generate(
+    model,
+    prompt_ids: list,
+    max_tokens: int,
+    eos_ids: set,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> Iterator:
+    """Plain greedy decoding through mlx-lm's own generate_step. Yields TokenEvents, then a
+    RunSummary."""
+    mx.reset_peak_memory()
+    tokens, stop = [], "max_tokens"
+    t_start = time.perf_counter()
+    t0 = None
+    steps = generate_step(
+        mx.array(prompt_ids), model, max_tokens=max_tokens,
+        sampler=lambda logprobs: mx.argmax(logprobs, axis=-1),
+    )
+    for tok, _ in steps:
+        t = time.perf_counter()
+        t0 = t0 or t
+        tokens.append(tok)
+        yield TokenEvent(index=len(tokens) - 1, token=tok, t=t - t0)
+        if tok in eos_ids:
+            stop = "eos"
+            break
+        if should_stop():
+            stop = "cancelled"
+            break
+    t_end = time.perf_counter()
+    t0 = t0 or t_end
+    yield RunSummary(
+        engine="baseline",
+        prompt_tokens=len(prompt_ids),
+        tokens=tokens,
+        prefill_s=t0 - t_start,
+        decode_s=t_end - t0,
+        stop_reason=stop,
+        peak_memory_mb=mx.get_peak_memory() / 2**20,
+    )
+
+
+def first_divergence(model, prompt_ids: list, ours: list, reference: list) -> Optional[Divergence]:
+    """Where two generations first differ, with the target's top-2 logit margin there (a tiny
+    margin means float noise between batched and one-token forwards, not a wrong token)."""
+    n = next((i for i, (x, y) in enumerate(zip(ours, reference)) if x != y), None)
+    if n is None:
+        if len(ours) == len(reference):
+            return None
+        n = min(len(ours), len(reference))
+    logits = model(mx.array(prompt_ids + reference[:n])[None])[0, -1]
+    top2 = mx.sort(logits)[-2:].tolist()
+    return Divergence(
+        index=n,
+        dflash_token=ours[n] if n < len(ours) else None,
+        baseline_token=reference[n] if n < len(reference) else None,
+        top2_margin=top2[1] - top2[0],
+    )

@@ -1,0 +1,117 @@
+"""Plain records of what the engines did. The UI, CLI, server and benchmark all read these;
+nothing downstream recomputes them."""
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+
+@dataclass
+class CycleEvent:
+    """One DFlash cycle: draft, verify, accept, commit, rollback."""
+
+    cycle: int  # 0-based
+    staged_token: int  # the target's own choice, known before this cycle
+    drafted: list  # the draft's B-1 proposals
+    posterior: list  # the target's greedy choice after each of the B block positions
+    accepted_len: int  # a: longest prefix where drafted == posterior[:-1]
+    committed: list  # [staged, drafted[:a]] (cut at EOS / max tokens)
+    next_staged: int  # posterior[a]: a correction when a < B-1, a bonus when a = B-1
+    kv_trimmed: int  # attention-cache entries dropped per attention layer (B-1-a)
+    gdn_replayed: int  # GatedDeltaNet steps replayed per linear layer (a+1; 0 if none)
+    draft_ms: float
+    verify_ms: float
+    rollback_ms: float
+    t: float  # seconds since decoding started (after prefill), when committed
+
+    @property
+    def block_size(self) -> int:
+        return len(self.drafted) + 1
+
+    @property
+    def is_bonus(self) -> bool:
+        return self.accepted_len == len(self.drafted)
+
+
+@dataclass
+class TokenEvent:
+    """One baseline (plain greedy) token."""
+
+    index: int
+    token: int
+    t: float  # seconds since decoding started (after prefill)
+
+
+@dataclass
+class RunSummary:
+    engine: str  # "dflash" | "baseline"
+    prompt_tokens: int
+    tokens: list  # generated ids after the prompt, EOS included if hit
+    prefill_s: float
+    decode_s: float
+    stop_reason: str  # "eos" | "max_tokens" | "cancelled"
+    peak_memory_mb: float
+    block_size: int = 0
+    cycles: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list = field(default_factory=list)  # k=1..B-1: cycles accepting >= k
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def decode_tps(self) -> float:
+        """Tokens after the first / time after the first: both engines know their first token
+        when prefill ends, so this is decode speed alone."""
+        return (self.generated - 1) / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def tokens_per_cycle(self) -> float:
+        return self.generated / self.cycles if self.cycles else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted (vLLM's definition; not dflash-mlx's 1 - 1/tau)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list:
+        """Fraction of cycles whose draft was accepted at block position k = 1..B-1."""
+        return [n / self.cycles for n in self.accepted_per_position] if self.cycles else []
+
+    def stats(self) -> dict:
+        out = {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated,
+            "prefill_s": round(self.prefill_s, 4),
+            "decode_s": round(self.decode_s, 4),
+            "decode_tps": round(self.decode_tps, 2),
+            "stop_reason": self.stop_reason,
+            "peak_memory_mb": round(self.peak_memory_mb, 1),
+        }
+        if self.engine == "dflash":
+            out.update(
+                block_size=self.block_size,
+                cycles=self.cycles,
+                tokens_per_cycle=round(self.tokens_per_cycle, 3),
+                drafted_tokens=self.drafted_tokens,
+                accepted_tokens=self.accepted_tokens,
+                acceptance_rate=round(self.acceptance_rate, 4),
+                accepted_per_position=list(self.accepted_per_position),
+            )
+        return out
+
+
+def to_dict(event) -> dict:
+    d = asdict(event)
+    if isinstance(event, RunSummary):
+        d.update(event.stats())
+    return d
+
+
+@dataclass
+class Divergence:
+    index: int  # first generated position where the two outputs differ
+    dflash_token: Optional[int]
+    baseline_token: Optional[int]
+    top2_margin: Optional[float]  # target's top-1 minus top-2 logit at that position

@@ -1,0 +1,251 @@
+"""The one loader: resolve a local directory or hub id, load target and draft, check they fit."""
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+
+from . import backend
+from .draft import DraftConfig, DraftModel
+from .engine import baseline_generate, dflash_generate, first_divergence
+from .errors import DFlashError
+from .target import Target
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
+# Shipped pairs: name -> (target dir, draft dir). The first is the default.
+SHIPPED = {
+    "stdlib-coder": (ASSETS / "stdlib-coder" / "target", ASSETS / "stdlib-coder" / "draft"),
+    "stdlib-hybrid": (ASSETS / "stdlib-hybrid" / "target", ASSETS / "stdlib-hybrid" / "draft"),
+}
+DEFAULT_PAIR = "stdlib-coder"
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt", "*.model", "*.tiktoken"]
+
+
+def resolve(name: str, what: str, allow_download: bool = True) -> Path:
+    """A local directory, or a hub id fetched through huggingface-hub (its cache, HF_HUB_OFFLINE)."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise DFlashError(f"{what} '{name}' is a file; give the model's directory")
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") != 1
+    if looks_local:
+        raise DFlashError(f"{what} directory '{name}' does not exist; check the path")
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    offline = constants.HF_HUB_OFFLINE or not allow_download
+    try:
+        return Path(snapshot_download(name, allow_patterns=HUB_FILES, local_files_only=offline))
+    except LocalEntryNotFoundError:
+        if constants.HF_HUB_OFFLINE:
+            raise DFlashError(
+                f"{what} '{name}' is not in the Hugging Face cache and HF_HUB_OFFLINE=1 is set; "
+                f"run `hf download {name}` online first, or unset HF_HUB_OFFLINE"
+            ) from None
+        if not allow_download:
+            raise DFlashError(
+                f"{what} '{name}' is not downloaded and downloads are off on this host; "
+                "start the app with --allow-downloads or pick a local pair"
+            ) from None
+        raise DFlashError(f"could not download {what} '{name}': no connection to the hub") from None
+    except HFValidationError:
+        raise DFlashError(f"{what} '{name}' is neither a local directory nor a hub id") from None
+    except Exception as e:  # repository not found, gated, HTTP errors
+        raise DFlashError(f"could not fetch {what} '{name}' from the hub: {type(e).__name__}: {e}".splitlines()[0]) from None
+
+
+def _read_config(path: Path, what: str) -> dict:
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        raise DFlashError(f"{what} directory '{path}' has no config.json")
+    try:
+        return json.loads(cfg.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DFlashError(f"{cfg} is not valid JSON ({e})") from None
+
+
+def _weight_files(path: Path, what: str) -> list:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise DFlashError(f"{what} directory '{path}' has no .safetensors weight files")
+    return files
+
+
+def _load_weights(files: list) -> dict:
+    weights = {}
+    for f in files:
+        try:
+            weights.update(mx.load(str(f)))
+        except Exception as e:
+            raise DFlashError(f"weight file '{f}' is unreadable or corrupt ({e}); re-download it".splitlines()[0]) from None
+    return weights
+
+
+def load_target(path: Path):
+    """(model, tokenizer, config) through mlx-lm, in float32 on the CPU backend."""
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    config = _read_config(path, "target")
+    files = _weight_files(path, "target")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer.model").is_file():
+        raise DFlashError(f"target directory '{path}' has no tokenizer.json")
+    _load_weights(files)  # names a corrupt file before mlx-lm's less specific error
+    try:
+        model, config = load_model(path)
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    except DFlashError:
+        raise
+    except Exception as e:
+        raise DFlashError(f"could not load target from '{path}': {type(e).__name__}: {e}".splitlines()[0]) from None
+    if backend.compute_dtype() is not None:
+        model.set_dtype(backend.compute_dtype())
+    mx.eval(model.parameters())
+    return model, tokenizer, config
+
+
+def load_draft(path: Path) -> DraftModel:
+    raw = _read_config(path, "draft")
+    try:
+        cfg = DraftConfig.from_dict(raw)
+    except KeyError as e:
+        raise DFlashError(f"draft config {path / 'config.json'} lacks {e}; is this a DFlash draft?") from None
+    if not cfg.target_layer_ids or cfg.mask_token_id is None:
+        raise DFlashError(
+            f"draft config {path / 'config.json'} has no dflash_config.target_layer_ids / "
+            "mask_token_id; is this a DFlash draft?"
+        )
+    files = _weight_files(path, "draft")
+    weights = _load_weights(files)
+    weights = {k.removeprefix("model."): v for k, v in weights.items()}
+    draft = DraftModel(cfg)
+    try:
+        draft.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise DFlashError(f"draft weights in '{path}' do not match its config.json: {e}".splitlines()[0]) from None
+    if backend.compute_dtype() is not None:
+        draft.set_dtype(backend.compute_dtype())
+    mx.eval(draft.parameters())
+    return draft
+
+
+def check_fit(model, draft: DraftModel, num_target_layers: int):
+    cfg = draft.config
+    embed = Target.text_model(model).embed_tokens
+    if hasattr(embed, "num_embeddings"):  # quantized: the packed weight has other columns
+        vocab, hidden = embed.num_embeddings, embed.dims
+    else:
+        vocab, hidden = embed.weight.shape
+    if hidden != cfg.hidden_size:
+        raise DFlashError(f"draft hidden_size {cfg.hidden_size} != target hidden size {hidden}; pick the draft made for this target")
+    if cfg.vocab_size != vocab:
+        raise DFlashError(f"draft vocab_size {cfg.vocab_size} != target vocabulary {vocab}; pick the draft made for this target")
+    bad = [i for i in cfg.target_layer_ids if not 0 <= i < num_target_layers]
+    if bad:
+        raise DFlashError(f"draft target_layer_ids {bad} are outside the target's {num_target_layers} layers; pick the draft made for this target")
+    if cfg.num_target_layers and cfg.num_target_layers != num_target_layers:
+        raise DFlashError(f"draft expects a {cfg.num_target_layers}-layer target, this one has {num_target_layers}")
+    if not 0 <= cfg.mask_token_id < vocab:
+        raise DFlashError(f"draft mask_token_id {cfg.mask_token_id} is outside the target's vocabulary (0..{vocab - 1})")
+
+
+@dataclass
+class Pair:
+    """A loaded target + draft, ready for generation (used from one MLX thread)."""
+
+    name: str
+    model: object  # the mlx-lm model (for the baseline)
+    tokenizer: object
+    target: Target
+    draft: DraftModel
+    context_length: int
+
+    @property
+    def block_size(self) -> int:
+        return self.draft.config.block_size
+
+    @property
+    def eos_ids(self) -> set:
+        return set(self.tokenizer.eos_token_ids)
+
+    def encode(self, prompt: str, chat_template: bool = True) -> list:
+        if not prompt or not prompt.strip():
+            raise DFlashError("the prompt is empty; give some text to continue")
+        if chat_template and getattr(self.tokenizer, "has_chat_template", False):
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}],
+                add_generation_prompt=True,
+                tokenize=False,
+                enable_thinking=False,
+            )
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = self.tokenizer.encode(prompt)
+        if len(ids) >= self.context_length:
+            raise DFlashError(
+                f"the prompt has {len(ids)} tokens but the model's context is {self.context_length}; shorten it"
+            )
+        return ids
+
+    def check_request(self, prompt_ids: list, max_tokens: int, block_size: int):
+        if not 2 <= block_size <= self.block_size:
+            raise DFlashError(f"block size {block_size} is out of range: use 2..{self.block_size} (the draft's trained block size)")
+        room = self.context_length - len(prompt_ids)
+        if not 1 <= max_tokens <= room:
+            raise DFlashError(f"max tokens {max_tokens} is out of range: use 1..{room} (context {self.context_length} minus the prompt's {len(prompt_ids)} tokens)")
+
+    def decode(self, ids: list) -> str:
+        return self.tokenizer.decode(ids)
+
+    def dflash(self, prompt_ids, max_tokens, block_size=None, should_stop=lambda: False, draft_fn=None):
+        """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread."""
+        block_size = block_size or self.block_size
+        self.check_request(prompt_ids, max_tokens, block_size)
+        return dflash_generate(self.target, self.draft, prompt_ids, max_tokens, block_size,
+                               self.eos_ids, should_stop, draft_fn)
+
+    def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False):
+        """TokenEvents, then a RunSummary: plain greedy decoding via mlx-lm."""
+        self.check_request(prompt_ids, max_tokens, 2)
+        return baseline_generate(self.model, prompt_ids, max_tokens, self.eos_ids, should_stop)
+
+    def divergence(self, prompt_ids, ours, reference):
+        return first_divergence(self.model, prompt_ids, ours, reference)
+
+
+def load_pair(model: str = None, draft: str = None, allow_download: bool = True) -> Pair:
+    """Load a target and its draft. With neither given: the shipped default pair; a shipped
+    pair's name also works as `model`."""
+    if model is None and draft is None:
+        model = DEFAULT_PAIR
+    if model in SHIPPED and draft is None:
+        name = model
+        target_dir, draft_dir = SHIPPED[model]
+        if not target_dir.is_dir():
+            raise DFlashError(f"the shipped pair '{name}' is missing from {target_dir.parent}; is this a full clone?")
+    else:
+        if model is None or draft is None:
+            from .registry import draft_for
+
+            draft = draft or draft_for(model)
+        name = f"{model} + {draft}"
+        target_dir = resolve(model, "target", allow_download)
+        draft_dir = resolve(draft, "draft", allow_download)
+    draft_model = load_draft(draft_dir)  # cheap checks on the draft before the big download/load
+    mlx_model, tokenizer, config = load_target(target_dir)
+    num_layers = len(mlx_model.layers)
+    check_fit(mlx_model, draft_model, num_layers)
+    text_cfg = config.get("text_config", config)
+    context = min(
+        text_cfg.get("max_position_embeddings", 1 << 20),
+        draft_model.config.max_position_embeddings or 1 << 20,
+    )
+    return Pair(
+        name=name,
+        model=mlx_model,
+        tokenizer=tokenizer,
+        target=Target(mlx_model, draft_model.config.target_layer_ids),
+        draft=draft_model,
+        context_length=context,
+    )

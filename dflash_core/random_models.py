@@ -1,0 +1,122 @@
+"""Random targets (qwen3, qwen3_5 hybrid, llama) and random drafts in the public format, written
+as model directories: for the tests and for trying the engine on unseen models."""
+import inspect
+import json
+import random
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .draft import DraftConfig, DraftModel, default_target_layer_ids
+from .tokenizer import EOS, IM_END, MASK, save_tokenizer, train_bpe
+
+FAMILIES = ("qwen3", "qwen3_5", "llama")
+
+
+def _corpus() -> list:
+    import collections, json as j, textwrap  # any stdlib sources do; these are always present
+
+    return [inspect.getsource(m) for m in (collections, j, textwrap)]
+
+
+def target_config(family: str, vocab: int, eos: list, hidden=64, layers=4, tie=False) -> dict:
+    base = {
+        "model_type": family,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": hidden * 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": hidden // 4,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": tie,
+        "eos_token_id": eos,
+    }
+    if family == "qwen3_5":
+        base.update(
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=2,
+            rope_parameters={"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        )
+    return base
+
+
+def write_target(out: Path, family: str, seed: int = 0, vocab_size: int = 512, **kw) -> Path:
+    from mlx_lm.utils import _get_classes
+
+    out = Path(out)
+    tok = train_bpe(_corpus(), vocab_size)
+    ids = save_tokenizer(tok, out)
+    vocab = tok.get_vocab_size()
+    cfg = target_config(family, vocab, [ids[EOS], ids[IM_END]], **kw)
+    model_cls, args_cls = _get_classes(cfg)
+    mx.random.seed(seed)
+    model = model_cls(args_cls.from_dict(cfg))
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+def write_draft(out: Path, target_dir: Path, layers: int = 2, block_size: int = 16, seed: int = 1,
+                config_overrides: dict = None) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+    tok = json.loads((Path(target_dir) / "tokenizer.json").read_text())
+    mask_id = next(t["id"] for t in tok["added_tokens"] if t["content"] == MASK)
+    n_target = tcfg["num_hidden_layers"]
+    cfg = DraftConfig(
+        hidden_size=tcfg["hidden_size"],
+        num_hidden_layers=layers,
+        intermediate_size=tcfg["intermediate_size"],
+        num_attention_heads=tcfg["num_attention_heads"],
+        num_key_value_heads=tcfg["num_key_value_heads"],
+        head_dim=tcfg["head_dim"],
+        vocab_size=tcfg["vocab_size"],
+        target_layer_ids=default_target_layer_ids(n_target, min(layers, n_target - 1) if n_target > 4 else 1)
+        if n_target > 4 else [n_target // 2],
+        mask_token_id=mask_id,
+        block_size=block_size,
+        num_target_layers=n_target,
+        rope_theta=tcfg.get("rope_theta", 10000.0),
+        max_position_embeddings=tcfg["max_position_embeddings"],
+    )
+    d = cfg.to_dict()
+    d.update(config_overrides or {})
+    mx.random.seed(seed)
+    draft = DraftModel(DraftConfig.from_dict(d))
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(draft.parameters())))
+    (out / "config.json").write_text(json.dumps(d, indent=2))
+    return out
+
+
+def write_pair(root: Path, family: str, seed: int = 0, **draft_kw):
+    root = Path(root)
+    target = write_target(root / f"{family}-target", family, seed=seed)
+    draft = write_draft(root / f"{family}-draft", target, seed=seed + 1, **draft_kw)
+    return target, draft
+
+
+def main(argv=None):
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m dflash_core.random_models",
+                                description="write a random target + draft pair")
+    p.add_argument("--family", choices=FAMILIES, default="qwen3")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=random.randrange(1 << 30))
+    a = p.parse_args(argv)
+    t, d = write_pair(Path(a.out), a.family, a.seed)
+    print(f"target: {t}\ndraft:  {d}")
+
+
+if __name__ == "__main__":
+    main()

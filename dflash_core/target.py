@@ -1,0 +1,200 @@
+"""Any mlx-lm model as a DFlash target: hidden-state taps, verify forwards, exact rollback.
+
+mlx-lm's model files stay untouched: the tapped decoder layers (and, in GatedDeltaNet layers, the
+conv1d and the recurrence function) are given thin recording subclasses / wrappers at load time,
+so new mlx-lm releases keep working.
+"""
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class GDNTape:
+    """What one GatedDeltaNet layer saw during the last verify forward."""
+
+    conv_input: mx.array  # [old conv state ; this forward's qkv rows], (1, K-1+S, conv_dim)
+    args: tuple  # gated_delta_update's arguments (q, k, v, a, b, A_log, dt_bias, state_before)
+    kwargs: dict
+
+
+class _Recorder:
+    """Shared between the wrappers: where taps and tapes go during a forward."""
+
+    def __init__(self):
+        self.hidden = None  # {layer index: output} while a forward is recording
+        self.conv = None  # [conv_input, ...] in GatedDeltaNet call order
+        self.gdn = None  # [(args, kwargs), ...] in GatedDeltaNet call order
+
+
+_ACTIVE: Optional[_Recorder] = None  # the recorder of the forward in progress (one MLX thread)
+
+
+def _tap_layer(layer, index: int):
+    cls = type(layer)
+
+    def __call__(self, *args, **kwargs):
+        out = cls.__call__(self, *args, **kwargs)
+        if _ACTIVE is not None and _ACTIVE.hidden is not None:
+            _ACTIVE.hidden[index] = out
+        return out
+
+    layer.__class__ = type(f"Tapped{cls.__name__}", (cls,), {"__call__": __call__})
+
+
+def _tap_conv(conv):
+    cls = type(conv)
+
+    def __call__(self, x):
+        if _ACTIVE is not None and _ACTIVE.conv is not None:
+            _ACTIVE.conv.append(x)
+        return cls.__call__(self, x)
+
+    conv.__class__ = type(f"Taped{cls.__name__}", (cls,), {"__call__": __call__})
+
+
+def _tap_recurrence(module_name: str):
+    """Wrap the module-level gated_delta_update that a GatedDeltaNet class calls."""
+    mod = sys.modules[module_name]
+    fn = mod.gated_delta_update
+    if getattr(fn, "_dflash_original", None) is not None:
+        return fn._dflash_original
+
+    def gated_delta_update(*args, **kwargs):
+        if _ACTIVE is not None and _ACTIVE.gdn is not None:
+            _ACTIVE.gdn.append((args, kwargs))
+        return fn(*args, **kwargs)
+
+    gated_delta_update._dflash_original = fn
+    mod.gated_delta_update = gated_delta_update
+    return fn
+
+
+def _is_gdn(module) -> bool:
+    return hasattr(module, "conv1d") and hasattr(module, "A_log")
+
+
+class Target:
+    """A loaded mlx-lm model plus one generation's cache."""
+
+    def __init__(self, model, tap_ids: list):
+        self.model = model
+        owner = self._text_owner(model)
+        self.inner = owner.model  # embed_tokens, layers, norm
+        self.head = getattr(owner, "lm_head", None) or self.inner.embed_tokens.as_linear
+        self.layers = model.layers
+        self.tap_ids = list(tap_ids)
+        self.gdn_layers = []  # (cache index, GatedDeltaNet module, original recurrence)
+        for i, layer in enumerate(self.layers):
+            if i in self.tap_ids:
+                _tap_layer(layer, i)
+            for child in (getattr(layer, "linear_attn", None), getattr(layer, "mixer", None)):
+                if child is not None and _is_gdn(child):
+                    _tap_conv(child.conv1d)
+                    recurrence = _tap_recurrence(type(child).__module__)
+                    self.gdn_layers.append((i, child, recurrence))
+        self.cache = None
+        self._tapes = None
+
+    @staticmethod
+    def _text_owner(model):
+        """The module holding `model` (embeddings, layers) and `lm_head`; VLM-style wrappers such
+        as qwen3_5 nest it under `language_model`."""
+        return model.language_model if hasattr(model, "language_model") else model
+
+    @staticmethod
+    def text_model(model):
+        return Target._text_owner(model).model
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.gdn_layers)
+
+    def embed(self, ids: mx.array) -> mx.array:
+        return self.inner.embed_tokens(ids)
+
+    def reset(self):
+        self.cache = make_prompt_cache(self.model)
+        self._tapes = None
+
+    def _forward(self, ids: list, tape_gdn: bool):
+        """Hidden -> (normed final hidden, [tapped hidden states in tap_ids order])."""
+        global _ACTIVE
+        rec = _Recorder()
+        rec.hidden = {}
+        if tape_gdn and self.gdn_layers:
+            rec.conv, rec.gdn = [], []
+        _ACTIVE = rec
+        try:
+            h = self.inner(mx.array(ids)[None], cache=self.cache)
+        finally:
+            _ACTIVE = None
+        self._tapes = (
+            [GDNTape(c, args, kw) for c, (args, kw) in zip(rec.conv, rec.gdn)]
+            if rec.gdn is not None
+            else None
+        )
+        return h, [rec.hidden[i] for i in self.tap_ids]
+
+    def prefill(self, ids: list, on_taps=None):
+        """Feed the prompt, chunked; the last token alone (as mlx-lm does), so its logits match
+        plain greedy decoding's. on_taps(taps) receives each chunk's tapped hidden states.
+        Returns the last position's logits."""
+        self.reset()
+        for start in range(0, len(ids) - 1, PREFILL_CHUNK):
+            _, taps = self._forward(ids[start : min(start + PREFILL_CHUNK, len(ids) - 1)], False)
+            if on_taps:
+                on_taps(taps)
+            mx.eval([c.state for c in self.cache], *taps)
+        h, taps = self._forward(ids[-1:], False)
+        if on_taps:
+            on_taps(taps)
+        return self.head(h[:, -1])[0]
+
+    def verify(self, ids: list):
+        """One forward over the block; logits for every position, taps, and GDN tapes."""
+        h, taps = self._forward(ids, tape_gdn=True)
+        return self.head(h)[0], taps
+
+    def rollback(self, kept: int, fed: int):
+        """Make the cache hold exactly the committed tokens: of the `fed` tokens of the last
+        verify, keep the first `kept`."""
+        gdn_index = {i: n for n, (i, _, _) in enumerate(self.gdn_layers)}
+        for i, c in enumerate(self.cache):
+            if i in gdn_index:
+                _, module, recurrence = self.gdn_layers[gdn_index[i]]
+                rollback_gdn(c, self._tapes[gdn_index[i]], kept, module.conv_kernel_size, recurrence)
+            else:
+                rollback_kv(c, fed - kept)
+        self._tapes = None
+
+    def cache_state(self):
+        return [c.state for c in self.cache]
+
+
+def rollback_kv(cache, n_drop: int):
+    """Attention caches: forget the last n_drop entries."""
+    if n_drop and cache.trim(n_drop) != n_drop:
+        raise RuntimeError(f"{type(cache).__name__} could not drop {n_drop} entries")
+
+
+def rollback_gdn(cache: ArraysCache, tape: GDNTape, kept: int, kernel: int, recurrence):
+    """GatedDeltaNet caches cannot be trimmed: rebuild them for the first `kept` steps.
+    Conv state = the last kernel-1 rows of [old state ; accepted inputs]; the recurrent state is
+    replayed from the pre-verify state over the accepted steps only (tape replay)."""
+    cache[0] = mx.contiguous(tape.conv_input[:, kept : kept + kernel - 1])
+    q, k, v, a, b, A_log, dt_bias, state = tape.args[:8]
+    rest = tuple(x[:, :kept] if isinstance(x, mx.array) else x for x in tape.args[8:])  # mask
+    _, cache[1] = recurrence(
+        q[:, :kept], k[:, :kept], v[:, :kept], a[:, :kept], b[:, :kept],
+        A_log, dt_bias, state, *rest, **tape.kwargs,
+    )

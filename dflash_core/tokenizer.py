@@ -1,0 +1,43 @@
+"""Byte-level BPE tokenizers for the models this project builds (shipped pair, test models)."""
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+EOS, IM_START, IM_END, MASK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"
+SPECIALS = [EOS, IM_START, IM_END, MASK]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def train_bpe(texts, vocab_size: int) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def save_tokenizer(tok: Tokenizer, out: Path, chat_template: bool = True) -> dict:
+    """Write tokenizer.json + tokenizer_config.json; return the special ids."""
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",  # else transformers 5 guesses a class
+        "eos_token": EOS,
+        "pad_token": EOS,
+        "additional_special_tokens": [IM_START, IM_END, MASK],
+        "model_max_length": 1 << 20,
+    }
+    if chat_template:
+        cfg["chat_template"] = CHAT_TEMPLATE
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return {name: tok.token_to_id(name) for name in SPECIALS}
