@@ -1,0 +1,69 @@
+"""Which DFlash draft goes with which target: the public z-lab drafts and the shipped pairs.
+
+Resolution is by base name, offline: `Qwen/Qwen3-4B`, `mlx-community/Qwen3-4B-4bit` and
+`~/models/Qwen3-4B-MLX-8bit` all resolve to the Qwen3-4B draft, because a quantized conversion
+keeps the base model's vocabulary and layer count. A fine-tune (`Qwen3-4B-Instruct-2507`) does
+not resolve: the draft was trained on the base model's own outputs.
+"""
+import re
+from pathlib import Path
+
+from .errors import DFlashError
+from .loading import SHIPPED
+
+# base name -> public draft (hub id). Names other repos use for the same weights go in ALIASES.
+DRAFTS = {
+    "Qwen3-4B": "z-lab/Qwen3-4B-DFlash-b16",
+    "Qwen3-8B": "z-lab/Qwen3-8B-DFlash-b16",
+    "Qwen3.5-4B": "z-lab/Qwen3.5-4B-DFlash",
+    "Qwen3.5-9B": "z-lab/Qwen3.5-9B-DFlash",
+    "Qwen3.5-27B": "z-lab/Qwen3.5-27B-DFlash",
+    "Qwen3.5-35B-A3B": "z-lab/Qwen3.5-35B-A3B-DFlash",
+    "Qwen3.6-27B": "z-lab/Qwen3.6-27B-DFlash",
+    "Qwen3.6-35B-A3B": "z-lab/Qwen3.6-35B-A3B-DFlash",
+    "Llama-3.1-8B-Instruct": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
+}
+ALIASES = {
+    "Meta-Llama-3.1-8B-Instruct": "Llama-3.1-8B-Instruct",
+}
+
+# Name parts that only say how the same weights are stored: 4bit, bf16, MLX, DWQ, Q4_K_M, ...
+_STORAGE_PART = re.compile(
+    r"(\d+(\.\d+)?-?bits?|bf16|fp16|f16|fp32|f32|fp8|int[48]|w[48]a(8|16)|mxfp[48]|nvfp4"
+    r"|dwq|awq|gptq|mlx|gguf|q\d(_k)?(_[sml])?|\d{6})",
+    re.IGNORECASE,
+)
+_BASES = {name.lower(): name for name in DRAFTS} | {a.lower(): b for a, b in ALIASES.items()}
+
+
+def base_name(model: str):
+    """The known base a model name refers to, or None. Case-insensitive; the hub organisation or
+    the directory path is ignored; trailing storage parts (`-4bit`, `-MLX-8bit`) are dropped."""
+    parts = Path(model.rstrip("/")).name.lower().split("-")
+    # the longest prefix of dash-separated parts that is a known base, with only storage parts after it
+    for cut in range(len(parts), 0, -1):
+        head = "-".join(parts[:cut])
+        if head in _BASES and all(_STORAGE_PART.fullmatch(p) for p in parts[cut:]):
+            return _BASES[head]
+    return None
+
+
+def draft_for(model: str) -> str:
+    """The draft for a target: a shipped pair's draft directory, or the public draft's hub id."""
+    if model in SHIPPED:
+        return str(SHIPPED[model][1])
+    base = base_name(model)
+    if base is None:
+        raise DFlashError(
+            f"no known DFlash draft for '{model}'; give one with --draft, or use a supported base: "
+            + ", ".join(list(DRAFTS) + list(SHIPPED))
+            + " (quantized conversions of these resolve too)"
+        )
+    return DRAFTS[base]
+
+
+def known_pairs() -> list:
+    """(target, draft, kind) for every pair `models` lists: shipped pairs first, then public drafts."""
+    pairs = [(name, str(draft), "shipped") for name, (_, draft) in SHIPPED.items()]
+    pairs += [(base, draft, "hub") for base, draft in DRAFTS.items()]
+    return pairs
