@@ -159,6 +159,18 @@ def baseline_generate(
     )
 
 
+def oracle_draft(prompt_len: int, reference: list, filler: int = 0) -> Callable:
+    """A draft that proposes the target's own greedy continuation (from a baseline run): every
+    block is fully accepted, so a run shows the machinery's ceiling."""
+
+    def propose(context: list, block_size: int) -> list:
+        start = len(context) - prompt_len  # index of the token after the staged one
+        ahead = reference[start : start + block_size - 1]
+        return ahead + [filler] * (block_size - 1 - len(ahead))
+
+    return propose
+
+
 def first_divergence(model, prompt_ids: list, ours: list, reference: list) -> Optional[Divergence]:
     """Where two generations first differ, with the target's top-2 logit margin there (a tiny
     margin means float noise between batched and one-token forwards, not a wrong token)."""

@@ -37,6 +37,8 @@ _ACTIVE: Optional[_Recorder] = None  # the recorder of the forward in progress (
 
 def _tap_layer(layer, index: int):
     cls = type(layer)
+    if getattr(cls, "_dflash_tap", False):  # another Target on the same model did it
+        return
 
     def __call__(self, *args, **kwargs):
         out = cls.__call__(self, *args, **kwargs)
@@ -44,18 +46,20 @@ def _tap_layer(layer, index: int):
             _ACTIVE.hidden[index] = out
         return out
 
-    layer.__class__ = type(f"Tapped{cls.__name__}", (cls,), {"__call__": __call__})
+    layer.__class__ = type(f"Tapped{cls.__name__}", (cls,), {"__call__": __call__, "_dflash_tap": True})
 
 
 def _tap_conv(conv):
     cls = type(conv)
+    if getattr(cls, "_dflash_tap", False):
+        return
 
     def __call__(self, x):
         if _ACTIVE is not None and _ACTIVE.conv is not None:
             _ACTIVE.conv.append(x)
         return cls.__call__(self, x)
 
-    conv.__class__ = type(f"Taped{cls.__name__}", (cls,), {"__call__": __call__})
+    conv.__class__ = type(f"Taped{cls.__name__}", (cls,), {"__call__": __call__, "_dflash_tap": True})
 
 
 def _tap_recurrence(module_name: str):

@@ -1,0 +1,118 @@
+"""Baseline vs DFlash, measured one after the other on the same token ids; medians of repeats."""
+import json
+import platform
+import statistics
+from pathlib import Path
+
+from . import backend
+from .engine import oracle_draft
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "python.json"
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def _last(events):
+    *_, summary = events
+    return summary
+
+
+def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, block_size: int = None,
+                  chat_template: bool = False, oracle: bool = False, sweep: list = (), log=print) -> dict:
+    block_size = block_size or pair.block_size
+    encoded = [pair.encode(p, chat_template) for p in prompts]
+    for ids in encoded:
+        pair.check_request(ids, max_tokens, block_size)
+    for b in sweep:
+        pair.check_request(encoded[0], max_tokens, b)
+    log("warm-up ...")
+    _last(pair.baseline(encoded[0], min(32, max_tokens)))
+    _last(pair.dflash(encoded[0], min(32, max_tokens), block_size))
+
+    runs = []
+    for r in range(repeat):
+        for i, ids in enumerate(encoded):
+            base = _last(pair.baseline(ids, max_tokens))
+            rows = [("baseline", block_size, base)]
+            rows.append(("dflash", block_size, _last(pair.dflash(ids, max_tokens, block_size))))
+            if oracle:
+                draft_fn = oracle_draft(len(ids), base.tokens)
+                rows.append(("oracle", block_size, _last(pair.dflash(ids, max_tokens, block_size, draft_fn=draft_fn))))
+            for b in sweep:
+                if b != block_size:
+                    rows.append(("dflash", b, _last(pair.dflash(ids, max_tokens, b))))
+            for engine, b, s in rows:
+                runs.append({
+                    "repeat": r, "prompt": i, "engine": engine, "block_size": b,
+                    "identical": s.tokens == base.tokens,
+                    "speedup": s.decode_tps / base.decode_tps if base.decode_tps else None,
+                    **s.stats(),
+                })
+            d = rows[1][2]
+            log(f"repeat {r + 1}/{repeat} prompt {i + 1}/{len(encoded)}: baseline {base.decode_tps:.1f} tok/s, "
+                f"dflash {d.decode_tps:.1f} tok/s ({d.decode_tps / base.decode_tps:.2f}x), "
+                f"{d.tokens_per_cycle:.2f} tokens/cycle")
+    return {
+        "config": {
+            "model": pair.name, "max_tokens": max_tokens, "repeat": repeat, "block_size": block_size,
+            "prompts": prompts, "chat_template": chat_template, "oracle": oracle, "sweep": list(sweep),
+            "machine": {"platform": platform.platform(), "processor": platform.processor(), **backend.describe()},
+        },
+        "runs": runs,
+        "summary": summarize(runs, block_size),
+    }
+
+
+def summarize(runs: list, block_size: int) -> dict:
+    def pick(engine, b=block_size):
+        return [r for r in runs if r["engine"] == engine and r["block_size"] == b]
+
+    base, dfl, orc = pick("baseline"), pick("dflash"), pick("oracle")
+    out = {
+        "baseline_tps_median": _median([r["decode_tps"] for r in base]),
+        "dflash_tps_median": _median([r["decode_tps"] for r in dfl]),
+        "speedup_median": _median([r["speedup"] for r in dfl]),
+        "tokens_per_cycle_median": _median([r["tokens_per_cycle"] for r in dfl]),
+        "acceptance_rate_median": _median([r["acceptance_rate"] for r in dfl]),
+        "identical": all(r["identical"] for r in runs if r["engine"] in ("dflash", "oracle")),
+    }
+    if dfl:
+        cycles = sum(r["cycles"] for r in dfl)
+        per_pos = [sum(r["accepted_per_position"][k] for r in dfl) for k in range(block_size - 1)]
+        out["acceptance_by_position"] = [n / cycles for n in per_pos] if cycles else []
+    if orc:
+        out["oracle_tps_median"] = _median([r["decode_tps"] for r in orc])
+        out["oracle_speedup_median"] = _median([r["speedup"] for r in orc])
+        out["oracle_tokens_per_cycle_median"] = _median([r["tokens_per_cycle"] for r in orc])
+    sizes = sorted({r["block_size"] for r in runs if r["engine"] == "dflash"})
+    if len(sizes) > 1:
+        out["sweep"] = [{
+            "block_size": b,
+            "dflash_tps_median": _median([r["decode_tps"] for r in pick("dflash", b)]),
+            "speedup_median": _median([r["speedup"] for r in pick("dflash", b)]),
+            "tokens_per_cycle_median": _median([r["tokens_per_cycle"] for r in pick("dflash", b)]),
+        } for b in sizes]
+    return out
+
+
+def load_prompts(prompt: str = None, prompts_file: str = None) -> list:
+    from .errors import DFlashError
+
+    if prompt is not None:
+        return [prompt]
+    path = Path(prompts_file) if prompts_file else DEFAULT_PROMPTS
+    if not path.is_file():
+        raise DFlashError(f"prompts file '{path}' does not exist")
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            prompts = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DFlashError(f"prompts file '{path}' is not valid JSON ({e})") from None
+    else:
+        prompts = [p for p in text.split("\n\n") if p.strip()]  # blank-line separated
+    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise DFlashError(f"prompts file '{path}' holds no prompts (a JSON list of strings, or blank-line separated text)")
+    return prompts

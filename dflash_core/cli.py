@@ -1,0 +1,35 @@
+"""`python -m dflash_core <command>`. Each command module exposes `add_parser(subparsers)`, which
+registers its arguments and sets `func=run`; bad input is one `error: ...` line and exit 2."""
+import argparse
+import importlib
+import sys
+
+from .errors import DFlashError
+
+# command modules, in the order `--help` lists them
+COMMANDS = ["generate", "benchmark", "doctor"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise DFlashError(f"{message} (see `python -m dflash_core {self.prog.split()[-1]} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m dflash_core", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in COMMANDS:
+        importlib.import_module(f".commands.{name.replace('-', '_')}", __package__).add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args) or 0
+    except DFlashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130

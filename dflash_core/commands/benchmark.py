@@ -1,0 +1,54 @@
+"""benchmark: baseline vs DFlash on the same token ids, warm-up first, medians of repeats."""
+import json
+from pathlib import Path
+
+from ..benchmark import load_prompts, run_benchmark
+from .common import add_pair_args, load, log, positive_int
+
+
+def add_parser(sub):
+    p = sub.add_parser("benchmark", help="measure DFlash against plain greedy decoding")
+    add_pair_args(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--prompt")
+    g.add_argument("--prompts", help="JSON list of prompts, or text with prompts separated by blank lines")
+    p.add_argument("--max-tokens", type=positive_int, default=256)
+    p.add_argument("--repeat", type=positive_int, default=3)
+    p.add_argument("--block-size", type=positive_int)
+    p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")
+    p.add_argument("--oracle", action="store_true", help="also run an oracle draft (the target's own continuation): the ceiling at full acceptance")
+    p.add_argument("--sweep", help="comma-separated block sizes to sweep, e.g. 4,8,12,16")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object on stdout")
+    p.add_argument("--save", help="also write the results JSON to this file")
+    p.add_argument("--plot", help="write a plotly chart of the results (.html, or .png if kaleido is installed)")
+    p.set_defaults(func=run)
+
+
+def _sizes(text):
+    from ..errors import DFlashError
+
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DFlashError(f"--sweep '{text}' is not a comma-separated list of block sizes") from None
+
+
+def run(args) -> int:
+    prompts = load_prompts(args.prompt, args.prompts)
+    sweep = _sizes(args.sweep) if args.sweep else []
+    pair = load(args)
+    res = run_benchmark(pair, prompts, args.max_tokens, args.repeat, args.block_size, args.chat_template,
+                        args.oracle, sweep, log=log)
+    if args.save:
+        Path(args.save).write_text(json.dumps(res, indent=2))
+    if args.plot:
+        from ..plots import save_benchmark_figure
+
+        save_benchmark_figure(res, args.plot)
+    s = res["summary"]
+    if args.json:
+        print(json.dumps(res))
+    else:
+        for k, v in s.items():
+            print(f"{k:>32}: {v}")
+    return 0 if s["identical"] else 1

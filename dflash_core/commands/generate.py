@@ -1,0 +1,48 @@
+"""generate: DFlash on one prompt, optionally side by side with plain greedy decoding."""
+import json
+
+from ..events import CycleEvent, RunSummary
+from .common import add_pair_args, load, log, positive_int
+
+
+def add_parser(sub):
+    p = sub.add_parser("generate", help="generate text with DFlash speculative decoding")
+    add_pair_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-tokens", type=positive_int, default=256)
+    p.add_argument("--block-size", type=positive_int, help="2 .. the draft's block size (default: the draft's)")
+    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--compare-baseline", action="store_true", help="also run plain greedy decoding and compare")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    pair = load(args)
+    ids = pair.encode(args.prompt, chat_template=not args.no_chat_template)
+    block = args.block_size or pair.block_size
+    pair.check_request(ids, args.max_tokens, block)
+    summary = None
+    for ev in pair.dflash(ids, args.max_tokens, block):
+        if isinstance(ev, CycleEvent) and not args.json:
+            print(pair.decode(ev.committed), end="", flush=True)
+        elif isinstance(ev, RunSummary):
+            summary = ev
+    out = {"tokens": summary.tokens, "text": pair.decode(summary.tokens), "stats": summary.stats()}
+    if args.compare_baseline:
+        base = list(pair.baseline(ids, args.max_tokens))[-1]
+        div = pair.divergence(ids, summary.tokens, base.tokens)
+        out["baseline"] = {"tokens": base.tokens, "decode_tps": round(base.decode_tps, 2)}
+        out["identical"] = div is None
+        out["first_divergence"] = None if div is None else vars(div)
+        out["speedup"] = round(summary.decode_tps / base.decode_tps, 3) if base.decode_tps else None
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    s = summary
+    log(f"\n[{s.generated} tokens, {s.decode_tps:.1f} tok/s, {s.tokens_per_cycle:.2f} tokens/cycle, "
+        f"acceptance rate {s.acceptance_rate:.1%}, prefill {s.prefill_s:.2f}s]")
+    if args.compare_baseline:
+        verdict = "identical" if out["identical"] else f"DIVERGED at {out['first_divergence']}"
+        log(f"[baseline {out['baseline']['decode_tps']} tok/s, speedup {out['speedup']}x, output {verdict}]")
+    return 0

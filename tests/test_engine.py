@@ -1,0 +1,168 @@
+"""Lossless: DFlash emits exactly plain greedy decoding's tokens, whatever the draft proposes."""
+import random
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from dflash_core.engine import accepted_length, oracle_draft
+from dflash_core.events import CycleEvent, RunSummary
+from dflash_core.random_models import FAMILIES
+from dflash_core.target import Target
+
+from conftest import PROMPTS
+
+
+def run(gen):
+    events = list(gen)
+    assert isinstance(events[-1], RunSummary)
+    return events[:-1], events[-1]
+
+
+@pytest.mark.parametrize(
+    "drafted, posterior, expected",
+    [
+        ([1, 2, 3], [1, 2, 3, 4], 3),
+        ([1, 2, 3], [9, 2, 3, 4], 0),
+        ([1, 2, 3], [1, 9, 3, 4], 1),  # a later match after a miss is never accepted
+        ([5], [5, 6], 1),
+        ([], [7], 0),
+    ],
+)
+def test_accepted_length(drafted, posterior, expected):
+    assert accepted_length(drafted, posterior) == expected
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("block_size", [16, 5, 2])
+def test_random_draft_is_lossless(random_pairs, family, block_size):
+    pair = random_pairs[family]
+    for prompt in PROMPTS:
+        ids = pair.encode(prompt, chat_template=False)
+        _, base = run(pair.baseline(ids, 40))
+        cycles, summary = run(pair.dflash(ids, 40, block_size))
+        assert summary.tokens == base.tokens, prompt
+        assert [t for ev in cycles for t in ev.committed] == summary.tokens
+        assert summary.cycles == len(cycles)
+
+
+def _corrupting_draft(reference, prompt_len, vocab, rng, mode):
+    """Proposals derived from the true continuation: all wrong, or right up to a position that
+    cycles through 0 .. B-1 (B-1: all right), so every accepted length occurs."""
+    oracle = oracle_draft(prompt_len, reference)
+    calls = iter(range(1 << 30))
+
+    def propose(context, block_size):
+        good = oracle(context, block_size)
+        cut = 0 if mode == "wrong" else next(calls) % block_size
+        return good[:cut] + [(t + 1 + rng.randrange(vocab - 1)) % vocab for t in good[cut:]]
+
+    return propose
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_accepted_length_is_lossless(random_pairs, family):
+    """Oracle, always-wrong and partly-right drafts exercise a = 0 .. B-1 on every cache kind."""
+    pair = random_pairs[family]
+    vocab = pair.draft.config.vocab_size
+    rng = random.Random(0)
+    seen = set()
+    for block_size in (8, 16):
+        for prompt in PROMPTS[:2]:
+            ids = pair.encode(prompt, chat_template=False)
+            _, base = run(pair.baseline(ids, 150))
+            drafts = {
+                "oracle": oracle_draft(len(ids), base.tokens),
+                "wrong": _corrupting_draft(base.tokens, len(ids), vocab, rng, "wrong"),
+                "partly": _corrupting_draft(base.tokens, len(ids), vocab, rng, "partly"),
+            }
+            for name, draft_fn in drafts.items():
+                cycles, summary = run(pair.dflash(ids, 150, block_size, draft_fn=draft_fn))
+                assert summary.tokens == base.tokens, (name, block_size, prompt)
+                for ev in cycles:
+                    assert ev.kv_trimmed == block_size - 1 - ev.accepted_len
+                    assert ev.gdn_replayed == (ev.accepted_len + 1 if family == "qwen3_5" else 0)
+                    assert len(ev.posterior) == block_size and len(ev.drafted) == block_size - 1
+                if name == "oracle":
+                    full = [ev.accepted_len for ev in cycles[:-1]]
+                    assert full and all(a == block_size - 1 for a in full)
+                if name == "wrong":
+                    assert all(ev.accepted_len == 0 for ev in cycles)
+                if block_size == 16:
+                    seen |= {ev.accepted_len for ev in cycles}
+    assert seen == set(range(16))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_stops_at_eos_like_baseline(random_pairs, family):
+    pair = random_pairs[family]
+    ids = pair.encode(PROMPTS[0], chat_template=False)
+    _, free = run(pair.baseline(ids, 30))
+    eos = {free.tokens[12]}
+    from dflash_core.engine import baseline_generate, dflash_generate
+
+    _, base = run(baseline_generate(pair.model, ids, 30, eos))
+    _, ours = run(dflash_generate(pair.target, pair.draft, ids, 30, 16, eos))
+    assert base.stop_reason == ours.stop_reason == "eos"
+    assert ours.tokens == base.tokens and ours.tokens[-1] in eos
+
+
+def test_summary_counts_match_cycles(random_pairs):
+    pair = random_pairs["qwen3"]
+    ids = pair.encode(PROMPTS[1], chat_template=False)
+    _, base = run(pair.baseline(ids, 60))
+    cycles, s = run(pair.dflash(ids, 60, 8, draft_fn=_corrupting_draft(base.tokens, len(ids), 500, random.Random(1), "partly")))
+    assert s.accepted_tokens == sum(ev.accepted_len for ev in cycles)
+    assert s.drafted_tokens == 7 * len(cycles)
+    for k in range(7):
+        assert s.accepted_per_position[k] == sum(ev.accepted_len > k for ev in cycles)
+    assert all(ev.draft_ms >= 0 and ev.verify_ms > 0 and ev.rollback_ms >= 0 for ev in cycles)
+    assert [ev.t for ev in cycles] == sorted(ev.t for ev in cycles)
+
+
+def test_cancel_stops_within_a_cycle(random_pairs):
+    pair = random_pairs["llama"]
+    ids = pair.encode(PROMPTS[0], chat_template=False)
+    n = 0
+
+    def stop():
+        return n >= 3
+
+    for ev in pair.dflash(ids, 200, 4, should_stop=stop):
+        if isinstance(ev, CycleEvent):
+            n += 1
+        else:
+            # asked once the 3rd cycle was seen: the cycle in flight finishes, nothing more
+            assert ev.stop_reason == "cancelled" and ev.cycles == 4
+
+
+def _states(cache):
+    return [np.array(x) for c in cache for x in (c.state if isinstance(c.state, list) else c.state) if x is not None]
+
+
+@pytest.mark.parametrize("kept", [1, 3, 8])
+def test_rollback_equals_running_only_the_accepted_tokens(random_pairs, kept):
+    """After verify(8 tokens) + rollback(kept), every cache (GatedDeltaNet conv and recurrent state,
+    attention KV) equals that of feeding only the kept tokens."""
+    pair = random_pairs["qwen3_5"]
+    prompt = pair.encode(PROMPTS[2], chat_template=False)
+    block = [int(t) for t in np.random.default_rng(kept).integers(0, 400, size=8)]
+
+    rolled = Target(pair.model, pair.draft.config.target_layer_ids)
+    rolled.prefill(prompt)
+    rolled.verify(block)
+    rolled.rollback(kept=kept, fed=len(block))
+
+    fresh = Target(pair.model, pair.draft.config.target_layer_ids)
+    fresh.prefill(prompt)
+    fresh.verify(block[:kept])
+    mx.eval(rolled.cache_state(), fresh.cache_state())
+
+    assert len(rolled.gdn_layers) > 0
+    for a, b in zip(rolled.cache, fresh.cache):
+        if hasattr(a, "offset"):  # attention: same length, same entries
+            assert a.offset == b.offset == len(prompt) + kept
+            np.testing.assert_allclose(np.array(a.keys[..., : a.offset, :]), np.array(b.keys[..., : b.offset, :]), atol=1e-5)
+        else:
+            for x, y in zip(a.cache, b.cache):
+                np.testing.assert_allclose(np.array(x), np.array(y), rtol=1e-4, atol=1e-5)
