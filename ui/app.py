@@ -1,0 +1,414 @@
+"""The playground page: Gradio Blocks over the engine's events (ui/runner.py collects them,
+ui/render.py and ui/charts.py draw them). No engine logic here."""
+import json
+import tempfile
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import gradio as gr
+
+from dflash_core.errors import DFlashError
+from dflash_core.worker import default_worker
+
+from . import assets, charts, render
+from .models import Catalogue
+from .runner import Comparison, compare
+
+PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "python.json"
+FRAME_S = 0.08  # at most ~12 page updates a second while streaming
+CHART_EVERY_S = 1.0  # charts refresh per batch of cycles, not per token
+MAX_REJECTED_SHOWN = 4  # rejected drafts shown per cycle in the colored pane (the rest as "+N")
+
+ABOUT = """
+**How DFlash works.** A small *draft* model proposes a whole block of tokens in one forward pass
+(it fills `[staged, MASK × (B−1)]` at once, by block diffusion). The big *target* model checks the
+block in one forward pass and keeps the longest prefix it agrees with, plus its own next token.
+Every kept token is the target's own greedy choice, so the output is **identical** to plain
+decoding — just fewer target passes.
+
+**What you see.** The baseline runs first, alone; then DFlash runs alone on the same device
+(never at the same time). The race replays both on one clock from their recorded timestamps.
+In the DFlash pane, each cycle is one group: the <span class="tok tok-target">staged</span> token
+the target chose, the <span class="tok tok-accepted">accepted</span> draft tokens, then the
+<span class="tok tok-rejected">rejected</span> draft tokens after the first disagreement.
+Acceptance rate here is accepted draft tokens ÷ drafted tokens; tokens/cycle counts the staged token.
+"""
+
+
+def example_prompts() -> list:
+    try:
+        return json.loads(PROMPTS.read_text())
+    except (OSError, json.JSONDecodeError):
+        return ["def fibonacci(n):\n"]
+
+
+class Playground:
+    """Per-process state shared by all visitors: the catalogue of pairs, the MLX worker, and
+    one Stop flag per browser session."""
+
+    def __init__(self, catalogue: Catalogue, worker, max_tokens_cap: int):
+        self.catalogue = catalogue
+        self.worker = worker
+        self.max_tokens_cap = max_tokens_cap
+        self.stops = {}  # session hash -> threading.Event of its running request
+        self.export_dir = Path(tempfile.mkdtemp(prefix="dflash-playground-"))
+
+    # --- model picker -------------------------------------------------------------------
+    def pair_info(self, key: str) -> str:
+        pair = self.catalogue.get(key)
+        t = pair.target
+        kind = "hybrid (GatedDeltaNet + attention)" if t.hybrid else "attention"
+        return render.info_html(
+            f"{pair.name}: target {t.num_layers} layers, {kind}; draft {pair.draft.config.num_hidden_layers} "
+            f"layers, block size {pair.block_size}; context {pair.context_length} tokens"
+        )
+
+    def limits(self, key: str):
+        pair = self.catalogue.get(key)
+        return pair.block_size, min(self.max_tokens_cap, pair.context_length - 1)
+
+    def select_model(self, key, block_size, max_tokens, progress=gr.Progress()):
+        if not key:
+            return render.error_html("pick a model"), gr.skip(), gr.skip(), gr.skip()
+        progress(0.1, desc=f"loading {key}" if not self.catalogue.is_loaded(key) else "ready")
+        try:
+            info = self.pair_info(key)
+            B, cap = self.limits(key)
+        except DFlashError as e:
+            return render.error_html(str(e)), gr.skip(), gr.skip(), gr.skip()
+        progress(1.0)
+        chat = self.catalogue.kind(key) == "hub"  # hub pairs are chat models; shipped pairs complete code
+        return (
+            info,
+            gr.Slider(minimum=2, maximum=B, value=min(int(block_size or B), B), step=1),
+            gr.Slider(minimum=1, maximum=cap, value=min(int(max_tokens or cap), cap), step=1),
+            gr.Checkbox(value=chat),
+        )
+
+    # --- permalink ----------------------------------------------------------------------
+    def prefill(self, key, request: gr.Request):
+        """Fill the form from ?prompt=...&max_tokens=...&block_size=...&chat=..."""
+        q = dict(request.query_params) if request else {}
+        try:
+            info = self.pair_info(key) if key else render.error_html("no model pairs are available on this host")
+            B, cap = self.limits(key) if key else (16, self.max_tokens_cap)
+        except DFlashError as e:
+            info, (B, cap) = render.error_html(str(e)), (16, self.max_tokens_cap)
+
+        def number(name, default, lo, hi):
+            try:
+                return max(lo, min(hi, int(q.get(name, default))))
+            except ValueError:
+                return default
+
+        return (
+            q.get("prompt", example_prompts()[0]),
+            number("max_tokens", min(128, cap), 1, cap),
+            number("block_size", B, 2, B),
+            q.get("chat", "0") in ("1", "true", "yes") if "chat" in q else self.catalogue.kind(key) == "hub",
+            info,
+        )
+
+    # --- the run --------------------------------------------------------------------------
+    def stop(self, request: gr.Request):
+        event = self.stops.get(request.session_hash) if request else None
+        if event is not None:
+            event.set()
+
+    def run(self, prompt, key, max_tokens, block_size, chat, request: gr.Request):
+        """Baseline, then DFlash, then the lossless check, streamed to the page."""
+        ui = self.ui
+        try:
+            max_tokens, block_size = int(max_tokens), int(block_size)
+            if max_tokens > self.max_tokens_cap:
+                raise DFlashError(f"max tokens {max_tokens} is above this host's cap of {self.max_tokens_cap}")
+            if not self.catalogue.is_loaded(key):
+                yield {ui["status"]: render.info_html(f"loading {key} …")}
+            pair = self.catalogue.get(key)
+            ids = self.worker.call(pair.encode, prompt or "", bool(chat))
+        except DFlashError as e:
+            yield {ui["status"]: render.error_html(str(e))}
+            return
+        user_stop = threading.Event()
+        session = request.session_hash if request else "local"
+        self.stops[session] = user_stop
+        run = Comparison(pair.name, prompt, ids, max_tokens, block_size, bool(chat), hybrid=pair.target.hybrid)
+        view = RunView(pair)
+        yield {**view.reset(ui), ui["status"]: render.info_html(f"prompt: {len(ids)} tokens · running the baseline …")}
+        last_frame = last_chart = 0.0
+        try:
+            for run in compare(self.worker, pair, run, user_stop):
+                now = time.perf_counter()
+                stage_changed = view.stage != run.stage
+                if not stage_changed and run.stage in ("baseline", "dflash") and now - last_frame < FRAME_S:
+                    continue
+                last_frame = now
+                update = view.frame(ui, run)
+                if run.stage == "dflash" and now - last_chart > CHART_EVERY_S:
+                    update.update(view.charts(ui, run))
+                    last_chart = now
+                yield update
+        except DFlashError as e:
+            yield {ui["status"]: render.error_html(str(e))}
+            return
+        finally:
+            self.stops.pop(session, None)
+        path = self.export_dir / f"dflash-run-{int(time.time() * 1000)}.json"
+        path.write_text(json.dumps(run.to_json(), indent=1))
+        yield {**view.frame(ui, run), **view.charts(ui, run), **view.finish(ui, run, path)}
+
+    def inspect(self, run: Comparison, index):
+        if not run or not run.cycles:
+            return render.info_html("run a prompt, then step through its cycles here")
+        i = max(0, min(int(index or 0), len(run.cycles) - 1))
+        token_text = self.catalogue_decoder(run.pair_name)
+        return render.inspector_html(run.cycles[i], token_text, hybrid=run.hybrid)
+
+    def catalogue_decoder(self, pair_name: str):
+        for key in self.catalogue.entries:
+            if self.catalogue.is_loaded(key) and self.catalogue.get(key).name == pair_name:
+                return single_token_text(self.catalogue.get(key))
+        return lambda tok: f"#{tok}"  # the pair was unloaded since: show ids
+
+
+def single_token_text(pair):
+    @lru_cache(maxsize=8192)
+    def text(tok: int) -> str:
+        return pair.decode([tok])
+
+    return text
+
+
+class RunView:
+    """Turns a Comparison into component updates; keeps incremental token texts between frames."""
+
+    def __init__(self, pair):
+        self.stage = None
+        self.token_text = single_token_text(pair)
+        self.baseline_pieces = render.Pieces(pair.decode)
+        self.dflash_pieces = render.Pieces(pair.decode)
+        self.b_text, self.d_pieces = [], []
+
+    def reset(self, ui) -> dict:
+        empty = charts.all_charts([], None, [], None)
+        return {
+            ui["b_stats"]: render.stats_html(0, 0.0, 0.0, status="waiting"),
+            ui["b_out"]: render.plain_text_html("", placeholder="Baseline output appears here."),
+            ui["d_stats"]: render.stats_html(0, 0.0, 0.0, render.dflash_extra(), status="waiting"),
+            ui["d_out"]: render.dflash_tokens_html([], [], self.token_text),
+            ui["speedup"]: render.speedup_html(),
+            ui["lossless"]: render.lossless_html("pending"),
+            ui["race"]: render.info_html("The race replay starts when both engines have finished."),
+            **{p: fig for p, fig in zip(ui["plots"], empty)},
+            ui["insp_html"]: render.info_html("run a prompt, then step through its cycles here"),
+            ui["export"]: gr.DownloadButton(value=None, interactive=False),
+        }
+
+    def _sync(self, run: Comparison):
+        """Bring the decoded pieces up to date with the events."""
+        new_b = [e.token for e in run.baseline[len(self.b_text):]]
+        self.b_text += self.baseline_pieces.add(new_b)
+        new_d = run.dflash_tokens()[len(self.d_pieces):]
+        self.d_pieces += self.dflash_pieces.add(new_d)
+
+    def frame(self, ui, run: Comparison) -> dict:
+        self._sync(run)
+        self.stage = run.stage
+        now = time.perf_counter()
+        b, d = run.baseline_summary, run.dflash_summary
+        if b is not None:
+            b_stats = render.stats_html(b.generated, b.prefill_s + b.decode_s, b.decode_tps, status=b.stop_reason.replace("_", " "))
+        elif run.baseline:
+            last = run.baseline[-1]
+            b_stats = render.stats_html(len(run.baseline), now - run.stage_started,
+                                        (len(run.baseline) - 1) / last.t if last.t else 0.0, status="running")
+        else:
+            b_stats = render.stats_html(0, now - run.stage_started if run.stage == "baseline" else 0.0, 0.0,
+                                        status="prefill" if run.stage == "baseline" else "waiting")
+        if d is not None:
+            d_stats = render.stats_html(d.generated, d.prefill_s + d.decode_s, d.decode_tps, render.dflash_extra(d),
+                                        status=d.stop_reason.replace("_", " "))
+        elif run.cycles:
+            n, last = len(self.d_pieces), run.cycles[-1]
+            d_stats = render.stats_html(n, now - run.stage_started, (n - 1) / last.t if last.t else 0.0,
+                                        render.dflash_extra(None, run.cycles), status="running")
+        else:
+            d_stats = render.stats_html(0, now - run.stage_started if run.stage == "dflash" else 0.0, 0.0,
+                                        render.dflash_extra(), status="prefill" if run.stage == "dflash" else "waiting")
+        status = {
+            "baseline": "running the baseline (plain greedy decoding) alone …",
+            "dflash": "running DFlash alone on the same device …",
+            "check": "comparing the two outputs token by token …",
+            "done": "stopped: the text so far is kept" if run.stopped or run.verdict == "partial" else "done",
+        }[run.stage]
+        return {
+            ui["status"]: render.info_html(status),
+            ui["b_stats"]: b_stats,
+            ui["b_out"]: render.plain_text_html("".join(self.b_text), running=run.stage == "baseline"),
+            ui["d_stats"]: d_stats,
+            ui["d_out"]: render.dflash_tokens_html(run.cycles, self.d_pieces, self.token_text, MAX_REJECTED_SHOWN,
+                                                   running=run.stage == "dflash"),
+        }
+
+    def charts(self, ui, run: Comparison) -> dict:
+        b_prefill = run.baseline_summary.prefill_s if run.baseline_summary else 0.0
+        if run.dflash_summary is None and run.cycles:  # still streaming: estimate the prefill
+            d_summary = None
+            figs = charts.all_charts(run.baseline, run.baseline_summary, run.cycles, d_summary)
+            figs[0] = charts.tokens_vs_time_chart(run.baseline, run.cycles, b_prefill, run.live_prefill(run.cycles[0].t))
+        else:
+            figs = charts.all_charts(run.baseline, run.baseline_summary, run.cycles, run.dflash_summary)
+        return dict(zip(ui["plots"], figs))
+
+    def finish(self, ui, run: Comparison, export_path: Path) -> dict:
+        b, d = run.baseline_summary, run.dflash_summary
+        out = {ui["export"]: gr.DownloadButton(value=str(export_path), interactive=True), ui["state"]: run}
+        if run.verdict == "identical":
+            out[ui["lossless"]] = render.lossless_html("identical", f"all {len(d.tokens)} tokens match the baseline token for token")
+        elif run.verdict == "diverged":
+            out[ui["lossless"]] = render.lossless_html("diverged", render.divergence_detail(run.divergence, self.token_text))
+        elif d is None:
+            out[ui["lossless"]] = render.lossless_html("partial", "stopped before DFlash ran")
+        else:
+            k = min(len(d.tokens), len(b.tokens))
+            out[ui["lossless"]] = render.lossless_html("partial", f"stopped early; the first {k} tokens are identical")
+        if d is None:
+            return out
+        out[ui["speedup"]] = render.speedup_html(b, d)
+        b_times = [b.prefill_s + e.t for e in run.baseline]
+        d_times = [d.prefill_s + c.t for c in run.cycles for _ in c.committed]
+        end = max(b_times[-1:] + d_times[-1:] or [0.0])
+        speed = end / min(max(end, 3.0), 12.0) if end else 1.0  # replays last 3 to 12 seconds
+        out[ui["race"]] = render.race_html(self.b_text, b_times, self.d_pieces, d_times, round(speed, 3))
+        first = next((c.cycle for c in run.cycles if 0 < c.accepted_len < c.block_size - 1), 0)
+        out[ui["insp_slider"]] = gr.Slider(minimum=0, maximum=max(len(run.cycles) - 1, 1), value=first, step=1)
+        out[ui["insp_html"]] = render.inspector_html(run.cycles[first], self.token_text, hybrid=run.hybrid)
+        return out
+
+
+def build_app(model: str = None, draft: str = None, allow_downloads: bool = False, max_tokens_cap: int = 512,
+              concurrency: int = 1, queue_size: int = 32, worker=None):
+    """The playground as (gr.Blocks, launch_kwargs). launch_kwargs (theme, css, js) go to
+    `blocks.launch(**launch_kwargs)` or `gr.mount_gradio_app(app, blocks, path, **launch_kwargs)`.
+    model/draft: an extra local pair offered first in the picker (besides the shipped pairs)."""
+    worker = worker or default_worker()
+    local = [(model, draft)] if model and draft else []
+    catalogue = Catalogue(worker, local, allow_downloads)
+    first = f"{model} + {draft}" if local else model  # the host's choice leads the picker
+    if first in catalogue.entries:
+        catalogue.entries.move_to_end(first, last=False)
+    play = Playground(catalogue, worker, max_tokens_cap)
+    default = catalogue.default_key()
+    if default is not None:
+        try:
+            catalogue.get(default)  # load before the first visitor arrives
+        except DFlashError as e:
+            print(f"warning: could not load {default}: {e}")
+
+    with gr.Blocks(title="DFlash playground") as demo:
+        ui = {}
+        play.ui = ui
+        with gr.Row(equal_height=True):
+            gr.HTML(
+                "<h1>DFlash playground</h1><p>Block-diffusion speculative decoding on MLX: a small draft "
+                "proposes a block of tokens in one pass, the target verifies them in one pass. Same "
+                "output as plain greedy decoding, fewer target passes.</p>",
+                elem_id="title",
+            )
+            theme_btn = gr.Button("◐ Theme", size="sm", elem_id="theme-toggle", variant="secondary")
+        with gr.Row():
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=7, max_lines=16, elem_id="prompt",
+                                    placeholder="Python code to continue, e.g. def binary_search(items, target):")
+                gr.Examples(example_prompts(), inputs=[prompt], label="Examples (Python, the shipped pair's domain)")
+            with gr.Column(scale=2):
+                model_key = gr.Dropdown(catalogue.choices(), value=default, label="Model pair", elem_id="model")
+                model_info = gr.HTML(elem_id="model-info")
+                B0, cap0 = play.limits(default) if catalogue.is_loaded(default) else (16, max_tokens_cap)
+                max_tokens = gr.Slider(1, cap0, value=min(128, cap0), step=1, label="Max new tokens",
+                                       info=f"capped at {max_tokens_cap} on this host", elem_id="max-tokens")
+                block_size = gr.Slider(2, B0, value=B0, step=1, label="Block size",
+                                       info="tokens per block: staged + drafts (up to the draft's trained size)",
+                                       elem_id="block-size")
+                chat = gr.Checkbox(False, label="Apply the chat template", elem_id="chat-template")
+                with gr.Row():
+                    run_btn = gr.Button("Run", variant="primary", elem_id="run", scale=2)
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
+                with gr.Row():
+                    link_btn = gr.Button("Copy link", size="sm", elem_id="copy-link")
+                    ui["export"] = gr.DownloadButton("Download run (JSON)", size="sm", interactive=False,
+                                                     elem_id="export")
+                link = gr.Textbox(label="Link to these settings", visible=True, interactive=False,
+                                  elem_id="permalink", show_label=True, max_lines=1, buttons=["copy"])
+        ui["status"] = gr.HTML(elem_id="status-panel")
+        with gr.Row(equal_height=True):
+            with gr.Column(scale=1, min_width=220):
+                ui["speedup"] = gr.HTML(render.speedup_html(), elem_id="speedup")
+            with gr.Column(scale=3):
+                ui["lossless"] = gr.HTML(render.lossless_html("pending"), elem_id="lossless")
+        with gr.Row(equal_height=False):
+            with gr.Column():
+                gr.HTML('<div class="pane-title"><span class="dot" style="background:#8b93a7"></span>'
+                        "Baseline · plain greedy decoding</div>")
+                ui["b_stats"] = gr.HTML(render.stats_html(0, 0.0, 0.0), elem_id="baseline-stats")
+                ui["b_out"] = gr.HTML(render.plain_text_html("", placeholder="Baseline output appears here."),
+                                      elem_id="baseline-output")
+            with gr.Column():
+                gr.HTML('<div class="pane-title"><span class="dot" style="background:#6366f1"></span>'
+                        "DFlash · draft a block, verify in one pass</div>")
+                ui["d_stats"] = gr.HTML(render.stats_html(0, 0.0, 0.0, render.dflash_extra()), elem_id="dflash-stats")
+                ui["d_out"] = gr.HTML(render.dflash_tokens_html([], [], str), elem_id="dflash-tokens")
+                gr.HTML(render.LEGEND)
+        with gr.Accordion("Race replay: both engines on one clock", open=True):
+            ui["race"] = gr.HTML(render.info_html("The race replay starts when both engines have finished."),
+                                 elem_id="race")
+            replay_btn = gr.Button("Replay race", size="sm", elem_id="replay")
+        with gr.Accordion("Charts", open=True):
+            with gr.Row():
+                ui["plots"] = [gr.Plot(show_label=False, elem_classes="chart") for _ in range(2)]
+            with gr.Row():
+                ui["plots"] += [gr.Plot(show_label=False, elem_classes="chart") for _ in range(2)]
+            with gr.Row():
+                ui["plots"] += [gr.Plot(show_label=False, elem_classes="chart")]
+        with gr.Accordion("Cycle inspector: step through the cycles", open=True):
+            with gr.Row():
+                prev_btn = gr.Button("◀ Prev", size="sm", scale=0, min_width=90)
+                ui["insp_slider"] = gr.Slider(0, 1, value=0, step=1, label="Cycle", elem_id="cycle-slider", scale=4)
+                next_btn = gr.Button("Next ▶", size="sm", scale=0, min_width=90)
+            ui["insp_html"] = gr.HTML(render.info_html("run a prompt, then step through its cycles here"),
+                                      elem_id="inspector")
+        with gr.Accordion("How it works", open=False):
+            gr.Markdown(ABOUT)
+        ui["state"] = gr.State(None)
+
+        outputs = [ui["status"], ui["b_stats"], ui["b_out"], ui["d_stats"], ui["d_out"], ui["speedup"],
+                   ui["lossless"], ui["race"], *ui["plots"], ui["insp_slider"], ui["insp_html"], ui["export"],
+                   ui["state"]]
+        run_inputs = [prompt, model_key, max_tokens, block_size, chat]
+        run_event = run_btn.click(play.run, run_inputs, outputs, concurrency_limit=concurrency,
+                                  concurrency_id="mlx", show_progress="minimal",
+                                  show_progress_on=[ui["status"]], api_name="run")
+        run_event.then(None, js=assets.RACE_JS)
+        stop_btn.click(play.stop, None, None, queue=False, api_name="stop")
+        replay_btn.click(None, js=assets.RACE_JS)
+        theme_btn.click(None, js=assets.THEME_JS)
+        link_btn.click(None, [prompt, max_tokens, block_size, chat], [link], js=assets.COPY_LINK_JS)
+        model_key.change(play.select_model, [model_key, block_size, max_tokens],
+                         [model_info, block_size, max_tokens, chat], concurrency_id="mlx",
+                         show_progress_on=[model_info], api_name="select_model")
+        ui["insp_slider"].change(play.inspect, [ui["state"], ui["insp_slider"]], [ui["insp_html"]],
+                                 show_progress="hidden", queue=False, api_visibility="private")
+        prev_btn.click(lambda i: max(int(i) - 1, 0), [ui["insp_slider"]], [ui["insp_slider"]], queue=False,
+                       api_visibility="private")
+        next_btn.click(lambda run, i: min(int(i) + 1, max(len(run.cycles) - 1, 0)) if run else 0,
+                       [ui["state"], ui["insp_slider"]], [ui["insp_slider"]], queue=False, api_visibility="private")
+        demo.load(play.prefill, [model_key], [prompt, max_tokens, block_size, chat, model_info],
+                  api_visibility="private")
+    demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
+    # system fonts only: the page must not fetch anything from the internet
+    theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate",
+                           font=[gr.themes.Font(f) for f in ("system-ui", "Segoe UI", "sans-serif")],
+                           font_mono=[gr.themes.Font(f) for f in ("ui-monospace", "Menlo", "Consolas", "monospace")])
+    return demo, {"theme": theme, "css": assets.CSS}

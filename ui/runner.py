@@ -1,0 +1,107 @@
+"""One playground request: the baseline alone, then DFlash alone (never both at once on the same
+device), then the lossless check. Everything MLX runs on the worker thread; this module only
+collects the engines' events into a `Comparison` that the page renders."""
+import threading
+import time
+from dataclasses import dataclass, field
+
+from dflash_core.events import CycleEvent, Divergence, RunSummary, TokenEvent, to_dict
+
+
+@dataclass
+class Comparison:
+    pair_name: str
+    prompt: str
+    prompt_ids: list
+    max_tokens: int
+    block_size: int
+    chat_template: bool
+    hybrid: bool = False
+    stage: str = "queued"  # baseline | dflash | check | done
+    baseline: list = field(default_factory=list)  # TokenEvents
+    baseline_summary: RunSummary = None
+    cycles: list = field(default_factory=list)  # CycleEvents
+    dflash_summary: RunSummary = None
+    verdict: str = "pending"  # identical | diverged | partial | pending
+    divergence: Divergence = None
+    stage_started: float = 0.0  # perf_counter when the current engine's request started
+    first_event_at: float = 0.0  # perf_counter when its first event arrived
+
+    @property
+    def stopped(self) -> bool:
+        return any(s is not None and s.stop_reason == "cancelled" for s in (self.baseline_summary, self.dflash_summary))
+
+    def dflash_tokens(self) -> list:
+        return [t for c in self.cycles for t in c.committed]
+
+    def baseline_tokens(self) -> list:
+        return [e.token for e in self.baseline]
+
+    def live_prefill(self, first_t: float) -> float:
+        """Prefill estimate while streaming: the first event's arrival minus its decode time."""
+        return max(self.first_event_at - self.stage_started - first_t, 0.0)
+
+    def to_json(self) -> dict:
+        return {
+            "pair": self.pair_name,
+            "prompt": self.prompt,
+            "prompt_ids": self.prompt_ids,
+            "settings": {"max_tokens": self.max_tokens, "block_size": self.block_size,
+                         "chat_template": self.chat_template},
+            "baseline": {"events": [to_dict(e) for e in self.baseline],
+                         "summary": to_dict(self.baseline_summary) if self.baseline_summary else None},
+            "dflash": {"events": [to_dict(e) for e in self.cycles],
+                       "summary": to_dict(self.dflash_summary) if self.dflash_summary else None},
+            "lossless": {"verdict": self.verdict,
+                         "divergence": to_dict(self.divergence) if self.divergence else None},
+        }
+
+
+def _engine_stream(worker, make_iter, user_stop: threading.Event):
+    """Stream one engine on the worker. The engine stops at its next cycle when the user presses
+    Stop or when the page goes away (worker.stream sets `closed` as the generator closes)."""
+    closed = threading.Event()
+
+    def should_stop():
+        return user_stop.is_set() or closed.is_set()
+
+    return worker.stream(lambda: make_iter(should_stop), closed)
+
+
+def compare(worker, pair, run: Comparison, user_stop: threading.Event):
+    """Fill `run` event by event, yielding it after each one. Raises DFlashError on bad input."""
+    ids, n, B = run.prompt_ids, run.max_tokens, run.block_size
+    worker.call(pair.check_request, ids, n, B)
+
+    run.stage, run.stage_started = "baseline", time.perf_counter()
+    for ev in _engine_stream(worker, lambda stop: pair.baseline(ids, n, stop), user_stop):
+        if isinstance(ev, TokenEvent):
+            run.first_event_at = run.first_event_at if run.baseline else time.perf_counter()
+            run.baseline.append(ev)
+        else:
+            run.baseline_summary = ev
+        yield run
+    if user_stop.is_set():
+        run.stage, run.verdict = "done", "partial"
+        yield run
+        return
+
+    run.stage, run.stage_started = "dflash", time.perf_counter()
+    for ev in _engine_stream(worker, lambda stop: pair.dflash(ids, n, B, stop), user_stop):
+        if isinstance(ev, CycleEvent):
+            run.first_event_at = run.first_event_at if run.cycles else time.perf_counter()
+            run.cycles.append(ev)
+        else:
+            run.dflash_summary = ev
+        yield run
+
+    run.stage = "check"
+    yield run
+    ours, ref = run.dflash_summary.tokens, run.baseline_summary.tokens
+    if run.stopped:
+        k = min(len(ours), len(ref))
+        ours, ref = ours[:k], ref[:k]
+    run.divergence = worker.call(pair.divergence, ids, ours, ref) if ours != ref else None
+    run.verdict = "diverged" if run.divergence else ("partial" if run.stopped else "identical")
+    run.stage = "done"
+    yield run
