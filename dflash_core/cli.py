@@ -7,7 +7,7 @@ import sys
 from .errors import DFlashError
 
 # command modules, in the order `--help` lists them
-COMMANDS = ["generate", "benchmark", "doctor"]
+COMMANDS = ["generate", "serve", "benchmark", "models", "doctor"]
 
 
 class _Parser(argparse.ArgumentParser):
