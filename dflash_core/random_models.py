@@ -12,6 +12,12 @@ from .draft import DraftConfig, DraftModel, default_target_layer_ids
 from .tokenizer import EOS, IM_END, MASK, save_tokenizer, train_bpe
 
 FAMILIES = ("qwen3", "qwen3_5", "llama")
+# Real models' shapes, for measuring the machinery at scale with random weights (oracle drafts).
+SHAPES = {
+    "tiny": {},
+    "qwen3-4b": dict(hidden=2560, layers=36, intermediate=9728, heads=32, kv_heads=8, head_dim=128,
+                     model_vocab=151936, draft_layers=5),
+}
 
 
 def _corpus() -> list:
@@ -20,15 +26,16 @@ def _corpus() -> list:
     return [inspect.getsource(m) for m in (collections, j, textwrap)]
 
 
-def target_config(family: str, vocab: int, eos: list, hidden=64, layers=4, tie=False) -> dict:
+def target_config(family: str, vocab: int, eos: list, hidden=64, layers=4, tie=False,
+                  intermediate=None, heads=4, kv_heads=2, head_dim=None) -> dict:
     base = {
         "model_type": family,
         "hidden_size": hidden,
         "num_hidden_layers": layers,
-        "intermediate_size": hidden * 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": hidden // 4,
+        "intermediate_size": intermediate or hidden * 2,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim or hidden // heads,
         "rms_norm_eps": 1e-6,
         "vocab_size": vocab,
         "max_position_embeddings": 4096,
@@ -49,17 +56,22 @@ def target_config(family: str, vocab: int, eos: list, hidden=64, layers=4, tie=F
     return base
 
 
-def write_target(out: Path, family: str, seed: int = 0, vocab_size: int = 512, **kw) -> Path:
+def write_target(out: Path, family: str, seed: int = 0, vocab_size: int = 512, model_vocab: int = None,
+                 **kw) -> Path:
+    """model_vocab > the tokenizer's vocabulary gives a real model's embedding size; ids past the
+    tokenizer's only come out of the model, never from text."""
     from mlx_lm.utils import _get_classes
 
     out = Path(out)
     tok = train_bpe(_corpus(), vocab_size)
     ids = save_tokenizer(tok, out)
-    vocab = tok.get_vocab_size()
+    vocab = model_vocab or tok.get_vocab_size()
     cfg = target_config(family, vocab, [ids[EOS], ids[IM_END]], **kw)
     model_cls, args_cls = _get_classes(cfg)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(cfg))
+    if sum(v.size for _, v in tree_flatten(model.parameters())) > 50e6:
+        model.set_dtype(mx.bfloat16)  # real-model shapes: store as real checkpoints do
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out
@@ -81,8 +93,7 @@ def write_draft(out: Path, target_dir: Path, layers: int = 2, block_size: int = 
         num_key_value_heads=tcfg["num_key_value_heads"],
         head_dim=tcfg["head_dim"],
         vocab_size=tcfg["vocab_size"],
-        target_layer_ids=default_target_layer_ids(n_target, min(layers, n_target - 1) if n_target > 4 else 1)
-        if n_target > 4 else [n_target // 2],
+        target_layer_ids=default_target_layer_ids(n_target, layers) if n_target > 4 else [n_target // 2],
         mask_token_id=mask_id,
         block_size=block_size,
         num_target_layers=n_target,
@@ -93,6 +104,8 @@ def write_draft(out: Path, target_dir: Path, layers: int = 2, block_size: int = 
     d.update(config_overrides or {})
     mx.random.seed(seed)
     draft = DraftModel(DraftConfig.from_dict(d))
+    if sum(v.size for _, v in tree_flatten(draft.parameters())) > 50e6:
+        draft.set_dtype(mx.bfloat16)
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(draft.parameters())))
     (out / "config.json").write_text(json.dumps(d, indent=2))
     return out
@@ -113,8 +126,13 @@ def main(argv=None):
     p.add_argument("--family", choices=FAMILIES, default="qwen3")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=random.randrange(1 << 30))
+    p.add_argument("--shape", choices=SHAPES, default="tiny", help="tiny, or a real model's dimensions")
     a = p.parse_args(argv)
-    t, d = write_pair(Path(a.out), a.family, a.seed)
+    shape = dict(SHAPES[a.shape])
+    draft_layers = shape.pop("draft_layers", 2)
+    root = Path(a.out)
+    t = write_target(root / f"{a.family}-target", a.family, seed=a.seed, **shape)
+    d = write_draft(root / f"{a.family}-draft", t, layers=draft_layers, seed=a.seed + 1)
     print(f"target: {t}\ndraft:  {d}")
 
 
