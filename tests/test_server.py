@@ -1,0 +1,305 @@
+"""The OpenAI-compatible server, driven by the official `openai` client against a real uvicorn
+server on a free localhost port. The pair is a small random target with its draft pinned to the
+token the target falls into repeating (see ui_pair.pin_draft), so some proposals are accepted and
+the acceptance counters are checked against something that is not always zero. Every text the
+server returns is compared with a lone plain greedy run of the same prompt."""
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import dflash_core  # noqa: F401  (system BLAS before MLX)
+import httpx
+import openai
+import pytest
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from dflash_core.loading import load_pair
+from dflash_core.random_models import write_draft, write_target
+from dflash_core.server import create_app, sample_generate
+from dflash_core.worker import default_worker
+from ui_pair import PROMPT, free_port, pin_draft
+
+MODEL = "random-qwen3"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server-pair")
+    target = write_target(root / "target", "qwen3", seed=3)
+    draft = write_draft(root / "draft", target, layers=1, seed=4)
+    worker = default_worker()
+    worker.call(pin_draft, target, draft, PROMPT, 48)
+    pair = worker.call(load_pair, str(target), str(draft))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(pair, MODEL), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    url = f"http://127.0.0.1:{port}"
+    yield SimpleNamespace(url=url, pair=pair, worker=worker, target=target, draft=draft,
+                          client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0))
+    server.should_exit = True
+    thread.join(10)
+
+
+def greedy(s, prompt: str, max_tokens: int, chat: bool):
+    """A lone plain greedy run: (text the server must return, generated token ids, prompt ids)."""
+    ids = s.pair.encode(prompt, chat_template=chat)
+    *_, summary = s.worker.call(lambda: list(s.pair.baseline(ids, max_tokens)))
+    text = s.pair.decode([t for t in summary.tokens if t not in s.pair.eos_ids])
+    return text, summary.tokens, ids
+
+
+def finish_reason(s, tokens):
+    return "stop" if tokens and tokens[-1] in s.pair.eos_ids else "length"
+
+
+def idle(s, timeout=30):
+    """Wait until no request is generating or queued (a cancelled one finishes its cycle)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if httpx.get(s.url + "/health").json()["requests_running"] == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the server still runs a request")
+
+
+def metric_values(s) -> dict:
+    text = httpx.get(s.url + "/metrics").text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            key = sample.name + "".join(f"[{k}={v}]" for k, v in sorted(sample.labels.items()))
+            out[key] = sample.value
+    return out
+
+
+def test_chat_completion_is_greedy_output(served):
+    s = served
+    text, tokens, ids = greedy(s, "class Stack:", 40, chat=True)
+    raw = s.client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "class Stack:"}], max_tokens=40)
+    r = raw.parse()
+    assert raw.headers["x-dflash-path"] == "dflash"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == text
+    assert r.choices[0].finish_reason == finish_reason(s, tokens)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), len(tokens))
+    assert r.usage.total_tokens == len(ids) + len(tokens)
+    assert r.model == MODEL
+
+
+def test_streamed_chat_completion(served):
+    s = served
+    text, tokens, ids = greedy(s, "hello", 60, chat=True)
+    stream = s.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=60, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert len([d for d in deltas if d]) > 1, "the answer came in one piece, not streamed"
+    assert "".join(deltas) == text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [finish_reason(s, tokens)]
+    assert chunks[-1].usage.completion_tokens == len(tokens)
+    assert chunks[-1].usage.prompt_tokens == len(ids)
+
+
+def test_completions_plain_and_streamed(served):
+    s = served
+    text, tokens, ids = greedy(s, "import os\n", 50, chat=False)
+    r = s.client.completions.create(model=MODEL, prompt="import os\n", max_tokens=50)
+    assert r.choices[0].text == text
+    assert r.usage.completion_tokens == len(tokens)
+    assert r.choices[0].finish_reason == finish_reason(s, tokens)
+    streamed = list(s.client.completions.create(model=MODEL, prompt="import os\n", max_tokens=50, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == text
+    assert streamed[-1].choices[0].finish_reason == finish_reason(s, tokens)
+    # a prompt given as token ids is the same request
+    r = s.client.completions.create(model=MODEL, prompt=ids, max_tokens=50)
+    assert r.choices[0].text == text
+
+
+def test_stop_strings_cut_the_text(served):
+    s = served
+    text, tokens, _ = greedy(s, "hello", 120, chat=False)
+    assert len(text) > 30, "the test prompt should give a long answer"
+    stop = text[20:23]
+    expected = text[: text.find(stop)]
+    r = s.client.completions.create(model=MODEL, prompt="hello", max_tokens=120, stop=[stop, "\x00never"])
+    assert r.choices[0].text == expected
+    assert r.choices[0].finish_reason == "stop"
+    assert 0 < r.usage.completion_tokens < len(tokens)
+    streamed = list(s.client.completions.create(model=MODEL, prompt="hello", max_tokens=120, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == expected
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_temperature_uses_sampling_path(served):
+    s = served
+    ids = s.pair.encode("hello", chat_template=False)
+    *_, ref = s.worker.call(lambda: list(sample_generate(s.pair.model, ids, 30, s.pair.eos_ids, 1.0, None, 7, lambda: False)))
+    raw = s.client.completions.with_raw_response.create(model=MODEL, prompt="hello", max_tokens=30, temperature=1.0, seed=7)
+    r = raw.parse()
+    assert raw.headers["x-dflash-path"] == "sampling"
+    assert r.choices[0].text == s.pair.decode([t for t in ref.tokens if t not in s.pair.eos_ids])
+    assert r.usage.completion_tokens == len(ref.tokens)
+    assert metric_values(s)["dflash_requests_total[outcome=length][path=sampling]"] >= 1
+
+
+def test_bad_requests_get_openai_errors(served):
+    s = served
+    # malformed JSON
+    r = httpx.post(s.url + "/v1/chat/completions", content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    # a field of the wrong type
+    r = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": "many"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    # unknown model
+    with pytest.raises(openai.NotFoundError) as e:
+        s.client.chat.completions.create(model="gpt-17", messages=[{"role": "user", "content": "hi"}])
+    assert "gpt-17" in str(e.value) and e.value.body["code"] == "model_not_found"
+    # max_tokens out of range, both ways
+    for n in (0, 10**6):
+        with pytest.raises(openai.BadRequestError) as e:
+            s.client.completions.create(model=MODEL, prompt="hi", max_tokens=n)
+        assert e.value.body["param"] == "max_tokens" and "out of range" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError):
+        s.client.completions.create(model=MODEL, prompt="hi", temperature=5)
+    with pytest.raises(openai.BadRequestError):
+        s.client.completions.create(model=MODEL, prompt="", max_tokens=5)
+    with pytest.raises(openai.BadRequestError):
+        s.client.completions.create(model=MODEL, prompt="hi", max_tokens=5, n=2)
+    r = httpx.get(s.url + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    # and the server still answers
+    text, _, _ = greedy(s, "hi", 8, chat=False)
+    assert s.client.completions.create(model=MODEL, prompt="hi", max_tokens=8).choices[0].text == text
+    assert metric_values(s)["dflash_requests_total[outcome=invalid][path=none]"] >= 8
+
+
+def test_client_disconnect_stops_generation(served):
+    s = served
+    idle(s)
+    max_tokens = 3000
+    body = {"model": MODEL, "prompt": "x = [1, 2", "max_tokens": max_tokens, "stream": True}
+    with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        lines = 0
+        for line in r.iter_lines():
+            lines += bool(line)
+            if lines == 3:
+                break  # leave mid-stream: the connection closes with the response
+    idle(s)
+    last = httpx.get(s.url + "/metrics.json").json()["requests"][-1]
+    assert last["outcome"] == "cancelled" and last["stop_reason"] == "cancelled"
+    assert last["generated_tokens"] < max_tokens / 2
+    # the worker is free: the next request is answered, and correctly
+    text, _, _ = greedy(s, "x = [1, 2", 40, chat=False)
+    assert s.client.completions.create(model=MODEL, prompt="x = [1, 2", max_tokens=40).choices[0].text == text
+
+
+def test_concurrent_clients_each_get_their_own_answer(served):
+    s = served
+    jobs = [("hello", True, False), ("import os\n", False, True), ("class Stack:", True, True),
+            (PROMPT, False, False), ("x = [1, 2", False, True), ("hello", False, False)]
+    expected = [greedy(s, p, 64, chat)[0] for p, chat, _ in jobs]
+
+    def ask(job):
+        prompt, chat, stream = job
+        if chat:
+            r = s.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                                 max_tokens=64, stream=stream)
+            return "".join(c.choices[0].delta.content or "" for c in r) if stream else r.choices[0].message.content
+        r = s.client.completions.create(model=MODEL, prompt=prompt, max_tokens=64, stream=stream)
+        return "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(ask, jobs))
+    assert answers == expected
+
+
+def test_metrics_count_what_the_engine_did(served):
+    s = served
+    s.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=48)  # the pinned draft's prompt
+    idle(s)
+    m = metric_values(s)
+    runs = [r for r in httpx.get(s.url + "/metrics.json").json()["requests"] if r["path"] == "dflash" and "cycles" in r]
+    assert m["dflash_spec_decode_num_drafts_total"] > 0
+    assert m["dflash_spec_decode_num_draft_tokens_total"] > 0
+    assert m["dflash_spec_decode_num_accepted_tokens_total"] > 0
+    assert m["dflash_spec_decode_num_drafts_total"] == sum(r["cycles"] for r in runs)
+    assert m["dflash_spec_decode_num_draft_tokens_total"] == sum(r["drafted_tokens"] for r in runs)
+    assert m["dflash_spec_decode_num_accepted_tokens_total"] == sum(r["accepted_tokens"] for r in runs)
+    per_pos = [sum(r["accepted_per_position"][k] for r in runs) for k in range(s.pair.block_size - 1)]
+    assert [m[f"dflash_spec_decode_num_accepted_tokens_per_pos_total[position={k}]"]
+            for k in range(s.pair.block_size - 1)] == per_pos
+    assert m["dflash_generation_tokens_total[path=dflash]"] == sum(r["generated_tokens"] for r in runs)
+    assert m["dflash_tokens_per_cycle_count"] == m["dflash_spec_decode_num_drafts_total"]
+    assert m["dflash_request_latency_seconds_count[path=dflash]"] == len(runs)
+    assert m["dflash_requests_running"] == 0
+
+
+def test_models_and_health(served):
+    s = served
+    assert [m.id for m in s.client.models.list()] == [MODEL]
+    h = httpx.get(s.url + "/health").json()
+    assert h["status"] == "ok" and h["block_size"] == s.pair.block_size
+
+
+def test_serve_command(served):
+    """`python -m dflash_core serve` itself, answering the official client."""
+    s = served
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_core", "serve", "--model", str(s.target), "--draft",
+                             str(s.draft), "--port", str(port), "--no-playground"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                httpx.get(url + "/health")
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        text, _, _ = greedy(s, PROMPT, 48, chat=False)
+        assert client.completions.create(model=str(s.target), prompt=PROMPT, max_tokens=48).choices[0].text == text
+        m = httpx.get(url + "/metrics").text
+        assert "dflash_spec_decode_num_drafts_total" in m
+        # a second server on the same port is refused in one line, before loading anything
+        busy = subprocess.run([sys.executable, "-m", "dflash_core", "serve", "--port", str(port)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert busy.returncode == 2
+        assert busy.stderr.strip().startswith("error: cannot listen") and "Traceback" not in busy.stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_playground_is_mounted_beside_the_api(served):
+    from fastapi.testclient import TestClient
+
+    s = served
+    app = create_app(s.pair, MODEL, playground={"model": str(s.target), "draft": str(s.draft)})
+    assert app.state.playground
+    with TestClient(app) as c:
+        page = c.get("/")
+        assert page.status_code == 200 and "gradio" in page.text.lower()
+        assert c.get("/v1/models").json()["data"][0]["id"] == MODEL
+        assert c.get("/metrics").headers["content-type"].startswith("text/plain")
