@@ -1,0 +1,71 @@
+"""The draft registry: base-name resolution offline, refusals that list the supported bases, and
+the `models` command."""
+import json
+
+import dflash_core  # noqa: F401  (system BLAS before MLX)
+import pytest
+
+from dflash_core.cli import main
+from dflash_core.errors import DFlashError
+from dflash_core.loading import SHIPPED, load_pair
+from dflash_core.registry import DRAFTS, draft_for
+
+
+@pytest.mark.parametrize("model, draft", [
+    ("Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16"),
+    ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16"),
+    ("mlx-community/Qwen3-4B-4bit", "z-lab/Qwen3-4B-DFlash-b16"),
+    ("mlx-community/Qwen3-8B-MLX-8bit", "z-lab/Qwen3-8B-DFlash-b16"),
+    ("Qwen/Qwen3.5-9B", "z-lab/Qwen3.5-9B-DFlash"),
+    ("mlx-community/Qwen3.5-35B-A3B-4bit", "z-lab/Qwen3.5-35B-A3B-DFlash"),
+    ("mlx-community/Qwen3.6-27B-4bit-DWQ", "z-lab/Qwen3.6-27B-DFlash"),
+    ("~/models/qwen3.5-4b-bf16/", "z-lab/Qwen3.5-4B-DFlash"),
+    ("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
+    ("mlx-community/Meta-Llama-3.1-8B-Instruct-4bit", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
+])
+def test_known_targets_and_their_quantized_conversions_resolve(model, draft):
+    assert draft_for(model) == draft
+
+
+def test_every_public_base_resolves_to_itself():
+    for base, draft in DRAFTS.items():
+        assert draft_for(f"org/{base}") == draft
+
+
+def test_shipped_pairs_resolve_to_their_draft_directory():
+    for name, (_, draft) in SHIPPED.items():
+        assert draft_for(name) == str(draft)
+
+
+@pytest.mark.parametrize("model", [
+    "Qwen/Qwen3-4B-Instruct-2507",  # a fine-tune: the base's draft was not trained on it
+    "Qwen/Qwen3-14B",
+    "mistralai/Mistral-7B-v0.1",
+    "/some/dir/my-model",
+])
+def test_unknown_targets_are_refused_with_the_supported_bases(model):
+    with pytest.raises(DFlashError) as e:
+        draft_for(model)
+    msg = str(e.value)
+    assert model in msg and "--draft" in msg
+    for base in list(DRAFTS) + list(SHIPPED):
+        assert base in msg
+
+
+def test_loader_refuses_a_target_without_draft(random_dirs):
+    target, _ = random_dirs["qwen3"]
+    with pytest.raises(DFlashError, match="no known DFlash draft"):
+        load_pair(str(target))
+
+
+def test_models_command_lists_every_pair(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for base, draft in DRAFTS.items():
+        assert base in out and draft in out
+    for name in SHIPPED:
+        assert name in out
+    assert main(["models", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["target"]: r["draft"] for r in rows if r["kind"] == "hub"} == DRAFTS
+    assert {r["target"] for r in rows if r["kind"] == "shipped"} == set(SHIPPED)
