@@ -1,0 +1,107 @@
+"""The launched playground through gradio_client: a real run, bad input, Stop."""
+import json
+import re
+import threading
+from html import unescape
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+from dflash_core.worker import default_worker
+from tests.ui_pair import MAX_TOKENS, PROMPT, served  # noqa: F401  (fixture)
+from ui.runner import Comparison, compare
+
+OUTPUTS = ["status", "b_stats", "b_out", "d_stats", "d_out", "speedup", "lossless", "race",
+           "plot0", "plot1", "plot2", "plot3", "plot4", "slider", "inspector", "export", "state"]
+
+
+def run(client, key, prompt=PROMPT, max_tokens=MAX_TOKENS, block_size=16, chat=False):
+    return dict(zip(OUTPUTS, client.predict(prompt, key, max_tokens, block_size, chat, api_name="/run")))
+
+
+def visible_text(markup):
+    return unescape(re.sub(r"<[^>]+>", "", markup)).replace("↵", "").replace("∅", "")  # marks, not text
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return Client(served[0], verbose=False)
+
+
+def test_run_shows_both_engines_and_identical_output(served, client):
+    out = run(client, served[1])
+    assert "identical" in out["lossless"] and "lossless identical" in out["lossless"]
+    assert "tok-accepted" in out["d_out"] and "tok-rejected" in out["d_out"] and "tok-target" in out["d_out"]
+    with open(out["export"]["value"] if isinstance(out["export"], dict) else out["export"]) as f:
+        exported = json.load(f)
+    base, dflash = exported["baseline"], exported["dflash"]
+    assert base["summary"]["tokens"] == dflash["summary"]["tokens"]  # lossless, from the events
+    assert len(base["summary"]["tokens"]) == MAX_TOKENS and exported["lossless"]["verdict"] == "identical"
+    assert [e["token"] for e in base["events"]] == base["summary"]["tokens"]
+    assert [t for e in dflash["events"] for t in e["committed"]] == dflash["summary"]["tokens"]
+    assert sum(e["accepted_len"] for e in dflash["events"]) == dflash["summary"]["accepted_tokens"] > 0
+    # the baseline pane and the DFlash pane's committed tokens show the same text
+    committed = re.findall(r'<span class="tok tok-(?:target|accepted)[^"]*" title="[^"]*">(.*?)</span>(?=<span class="(?:tok|cycle)|</span>)',
+                           out["d_out"])
+    assert visible_text("".join(committed)) == visible_text(out["b_out"])
+    assert "decode speedup" in out["speedup"] and "Cycle" in out["inspector"]
+    assert out["slider"]["maximum"] == len(dflash["events"]) - 1
+
+
+def test_bad_input_is_a_panel_and_the_app_keeps_serving(served, client):
+    out = run(client, served[1], prompt="   ")
+    assert "error-panel" in out["status"] and "prompt is empty" in out["status"]
+    # out-of-range sliders are refused by Gradio itself with a one-line message
+    with pytest.raises(AppError, match="less than minimum value 2"):
+        run(client, served[1], block_size=1)
+    with pytest.raises(AppError, match="greater than maximum value 256"):
+        run(client, served[1], max_tokens=10_000)
+    out = run(client, served[1], max_tokens=8)
+    assert "identical" in out["lossless"]
+
+
+def test_a_pair_that_fails_to_load_is_a_panel(tmp_path):
+    from tests.ui_pair import free_port
+    from ui import build_app
+
+    (tmp_path / "target").mkdir()
+    demo, kwargs = build_app(str(tmp_path / "target"), str(tmp_path / "missing-draft"))
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **kwargs)
+    try:
+        out = run(Client(f"http://127.0.0.1:{port}/", verbose=False), f"{tmp_path / 'target'} + {tmp_path / 'missing-draft'}")
+        assert "error-panel" in out["status"] and "missing-draft&#x27; does not exist" in out["status"]
+        assert "Traceback" not in out["status"]
+    finally:
+        demo.close()
+
+
+def test_stop_ends_within_a_cycle_and_keeps_the_text(served):
+    """Stop during DFlash: the engine ends at its next cycle, what was generated stays, and the
+    verdict compares only the tokens both engines produced."""
+    from ui.models import Catalogue
+
+    catalogue = Catalogue(default_worker(), [tuple(served[1].split(" + "))] if " + " in served[1] else [])
+    pair = catalogue.get(served[1])
+    ids = pair.encode(PROMPT, chat_template=False)
+    stop = threading.Event()
+    run_ = Comparison(pair.name, PROMPT, ids, 200, 4, False)
+    for state in compare(default_worker(), pair, run_, stop):
+        if state.stage == "dflash" and len(state.cycles) == 3:
+            stop.set()
+    assert run_.dflash_summary.stop_reason == "cancelled"
+    assert 4 <= len(run_.cycles) < 50  # far short of the ~200 cycles a full run takes
+    assert run_.dflash_summary.tokens == run_.dflash_tokens() and run_.baseline_summary.stop_reason != "cancelled"
+    assert run_.verdict == "partial" and run_.divergence is None
+
+
+def test_stop_button_keeps_what_was_generated(served, client):
+    job = client.submit(PROMPT, served[1], 256, 2, False, api_name="/run")
+    while not any("tok-target" in str(o) for o in job.outputs()):  # DFlash has started
+        assert not job.done(), "the run ended before Stop could be pressed"
+    client.predict(api_name="/stop")  # the same client: the same browser session
+    out = dict(zip(OUTPUTS, job.result()))
+    assert "stopped" in out["status"] and "cancelled" in out["d_stats"]
+    assert "tok-target" in out["d_out"] and visible_text(out["b_out"]).strip()
+    assert "stopped early" in out["lossless"] and "identical" in out["lossless"]
