@@ -83,9 +83,11 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status)
 
 
 # --- metrics ---------------------------------------------------------------------------------
@@ -191,20 +193,31 @@ def _held_back(text: str, stops: list) -> int:
     return hold
 
 
+def _first_stop(text: str, stops: list, start: int):
+    """Where the earliest stop string begins in text[start:], or None."""
+    found = [i for s in stops if (i := text.find(s, start)) >= 0]
+    return min(found, default=None)
+
+
 class Detokenizer:
     """The text of the tokens so far, decoding only the tokens since the last complete
     character (decoding everything per cycle is quadratic in the output length)."""
 
+    CONTEXT = 4  # finished tokens decoded along with the new ones: SentencePiece drops the
+    # leading space of a sequence's first token, so new tokens are never decoded on their own
+
     def __init__(self, decode, skip: set):
         self.decode, self.skip = decode, skip
-        self.text, self.pending = "", []  # text up to a character boundary; tokens after it
+        self.text, self.done, self.pending = "", [], []  # text and tokens up to a character boundary; tokens after it
 
     def add(self, tokens: list) -> str:
         self.pending += [t for t in tokens if t not in self.skip]
-        tail = self.decode(self.pending)
+        ctx = self.done[-self.CONTEXT:]
+        head, full = self.decode(ctx), self.decode(ctx + self.pending)
+        tail = full[len(head):] if full.startswith(head) else self.decode(self.pending)
         if tail.endswith("\ufffd"):
             return self.text + tail
-        self.text, self.pending = self.text + tail, []
+        self.text, self.done, self.pending = self.text + tail, ctx + self.pending, []
         return self.text
 
 
@@ -252,7 +265,7 @@ class Job:
                     continue  # the engine stops at its next check; what it made meanwhile is dropped
                 tokens += new
                 text = detok.add(new)
-                cut = min((i for s in self.stops if (i := text.find(s, max(0, sent - len(s)))) >= 0), default=None)
+                cut = _first_stop(text, self.stops, sent)
                 if cut is not None:
                     stopped, used = True, self._tokens_for(tokens, cut, len(tokens) - len(new))
                     self.cancel.set()
@@ -319,6 +332,10 @@ class _SSE(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()
+
+
+def _internal_error(e: Exception) -> APIError:
+    return APIError(500, f"internal error: {type(e).__name__}: {e}".splitlines()[0], kind="server_error")
 
 
 def _sse(obj) -> str:
@@ -431,7 +448,7 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None)
 
     @app.exception_handler(Exception)
     async def _internal(request, e: Exception):
-        return APIError(500, f"internal error: {type(e).__name__}: {e}".splitlines()[0], kind="server_error").response()
+        return _internal_error(e).response()
 
     def respond(job: Job, make_body, make_chunk, stream_usage: bool):
         headers = {"x-dflash-path": job.path}
@@ -444,6 +461,10 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None)
             try:
                 async for delta in deltas:
                     yield _sse(make_chunk(delta, None))
+            except Exception as e:  # the status line is sent: say it in the stream, as OpenAI does
+                yield _sse(_internal_error(e).body())
+                yield "data: [DONE]\n\n"
+                return
             finally:
                 await deltas.aclose()  # the client may be gone: this stops the engine
             yield _sse(make_chunk(None, job.finish_reason))

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dflash_core.loading import load_pair
 from dflash_core.random_models import write_draft, write_target
-from dflash_core.server import create_app, sample_generate
+from dflash_core.server import Detokenizer, create_app, sample_generate
 from dflash_core.worker import default_worker
 from ui_pair import PROMPT, free_port, pin_draft
 
@@ -303,3 +303,30 @@ def test_playground_is_mounted_beside_the_api(served):
         assert page.status_code == 200 and "gradio" in page.text.lower()
         assert c.get("/v1/models").json()["data"][0]["id"] == MODEL
         assert c.get("/metrics").headers["content-type"].startswith("text/plain")
+
+
+@pytest.mark.parametrize("scheme", ["byte-level", "sentencepiece"])
+@pytest.mark.parametrize("step", [1, 3, 16])
+def test_detokenizer_streams_exactly_the_full_text(scheme, step):
+    """Text streamed a few tokens at a time is the full decode: multi-byte characters split over
+    tokens are held back until complete, and SentencePiece's word-initial spaces survive."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    text = "naïve café 中文字 テキスト 😀🚀 the quick brown fox, déjà vu: ünïcödé and   spaces\n\tend"
+    tok = Tokenizer(models.BPE())
+    if scheme == "byte-level":
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+        alphabet = sorted(set(text.replace(" ", "\u2581")))
+    tok.train_from_iterator([text] * 3, trainers.BpeTrainer(vocab_size=280, initial_alphabet=alphabet, show_progress=False))
+    ids = tok.encode(text).ids
+    full = tok.decode(ids)
+    assert scheme != "byte-level" or full == text
+    detok, seen = Detokenizer(tok.decode, set()), []
+    for i in range(0, len(ids), step):
+        seen.append(detok.add(ids[i : i + step]))
+    assert seen[-1] == full
+    for partial in seen:  # what was complete stays as it was
+        assert full.startswith(partial.rstrip("\ufffd"))
