@@ -105,3 +105,16 @@ def test_stop_button_keeps_what_was_generated(served, client):
     assert "stopped" in out["status"] and "cancelled" in out["d_stats"]
     assert "tok-target" in out["d_out"] and visible_text(out["b_out"]).strip()
     assert "stopped early" in out["lossless"] and "identical" in out["lossless"]
+
+
+def test_picker_offers_hub_pairs_only_when_downloads_are_allowed(tmp_path):
+    from dflash_core.registry import DRAFTS
+    from ui.models import Catalogue
+
+    local = [(str(tmp_path / "t"), str(tmp_path / "d"))]
+    closed = Catalogue(default_worker(), local, allow_downloads=False)
+    assert closed.kind(f"{tmp_path / 't'} + {tmp_path / 'd'}") == "local"
+    assert all(closed.kind(key) in ("shipped", "local") for _, key in closed.choices())
+    opened = Catalogue(default_worker(), local, allow_downloads=True)
+    hub = {key: opened.entries[key] for _, key in opened.choices() if opened.kind(key) == "hub"}
+    assert set(hub) == set(DRAFTS) and hub["Qwen3-4B"][2:] == ("Qwen/Qwen3-4B", DRAFTS["Qwen3-4B"])

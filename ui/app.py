@@ -310,14 +310,15 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
     with gr.Blocks(title="DFlash playground") as demo:
         ui = {}
         play.ui = ui
-        with gr.Row(equal_height=True):
+        with gr.Row(equal_height=False):
             gr.HTML(
                 "<h1>DFlash playground</h1><p>Block-diffusion speculative decoding on MLX: a small draft "
                 "proposes a block of tokens in one pass, the target verifies them in one pass. Same "
                 "output as plain greedy decoding, fewer target passes.</p>",
                 elem_id="title",
             )
-            theme_btn = gr.Button("◐ Theme", size="sm", elem_id="theme-toggle", variant="secondary")
+            theme_btn = gr.Button("◐ Light / dark", size="sm", elem_id="theme-toggle", variant="secondary",
+                                  scale=0, min_width=130)
         with gr.Row():
             with gr.Column(scale=3):
                 prompt = gr.Textbox(label="Prompt", lines=7, max_lines=16, elem_id="prompt",

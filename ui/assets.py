@@ -5,7 +5,7 @@ CSS = """
 .gradio-container { max-width: 1320px !important; }
 #title h1 { margin: 0; font-size: 1.6rem; letter-spacing: -0.01em; }
 #title p { margin: 2px 0 0; opacity: 0.75; }
-#theme-toggle { max-width: 120px; margin-left: auto; }
+#theme-toggle { align-self: flex-start; margin-left: auto; }
 .pane-title { font-weight: 600; font-size: 0.95rem; margin: 0 0 4px; display: flex; gap: 8px; align-items: center; }
 .pane-title .dot { width: 10px; height: 10px; border-radius: 50%; display: inline-block; }
 .out {

@@ -298,7 +298,8 @@ def explain(ev: CycleEvent, token_text) -> str:
                  f"{q(ev.posterior[0])}), so only the staged token was committed; the target's pick "
                  "becomes the next staged token (a correction).")
     else:
-        s.append(f"It agreed with the first {a} guesses and disagreed at position {a + 1} (the draft said "
+        guesses = "guess" if a == 1 else f"{a} guesses"
+        s.append(f"It agreed with the first {guesses} and disagreed at position {a + 1} (the draft said "
                  f"{q(ev.drafted[a])}, the target wanted {q(ev.posterior[a])}). Everything after a "
                  f"disagreement is thrown away, even if later guesses happen to match. {a + 1} tokens were "
                  "committed and the target's pick is the next staged token (a correction).")
