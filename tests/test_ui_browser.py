@@ -5,7 +5,7 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.ui_pair import MAX_TOKENS, PROMPT, served  # noqa: F401  (fixture)
+from ui_pair import MAX_TOKENS, PROMPT, served  # noqa: F401  (fixture)
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -9,7 +9,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from dflash_core.worker import default_worker
-from tests.ui_pair import MAX_TOKENS, PROMPT, served  # noqa: F401  (fixture)
+from ui_pair import MAX_TOKENS, PROMPT, served  # noqa: F401  (fixture)
 from ui.runner import Comparison, compare
 
 OUTPUTS = ["status", "b_stats", "b_out", "d_stats", "d_out", "speedup", "lossless", "race",
@@ -62,7 +62,7 @@ def test_bad_input_is_a_panel_and_the_app_keeps_serving(served, client):
 
 
 def test_a_pair_that_fails_to_load_is_a_panel(tmp_path):
-    from tests.ui_pair import free_port
+    from ui_pair import free_port
     from ui import build_app
 
     (tmp_path / "target").mkdir()
@@ -82,7 +82,7 @@ def test_stop_ends_within_a_cycle_and_keeps_the_text(served):
     verdict compares only the tokens both engines produced."""
     from ui.models import Catalogue
 
-    catalogue = Catalogue(default_worker(), [tuple(served[1].split(" + "))] if " + " in served[1] else [])
+    catalogue = served[2].playground.catalogue
     pair = catalogue.get(served[1])
     ids = pair.encode(PROMPT, chat_template=False)
     stop = threading.Event()
@@ -113,8 +113,8 @@ def test_picker_offers_hub_pairs_only_when_downloads_are_allowed(tmp_path):
 
     local = [(str(tmp_path / "t"), str(tmp_path / "d"))]
     closed = Catalogue(default_worker(), local, allow_downloads=False)
-    assert closed.kind(f"{tmp_path / 't'} + {tmp_path / 'd'}") == "local"
-    assert all(closed.kind(key) in ("shipped", "local") for _, key in closed.choices())
+    assert closed.choices()[0][1] == f"{tmp_path / 't'} + {tmp_path / 'd'}"  # the host's pair leads
+    assert all(closed.kind(key) in ("shipped", "host") for _, key in closed.choices())
     opened = Catalogue(default_worker(), local, allow_downloads=True)
     hub = {key: opened.entries[key] for _, key in opened.choices() if opened.kind(key) == "hub"}
     assert set(hub) == set(DRAFTS) and hub["Qwen3-4B"][2:] == ("Qwen/Qwen3-4B", DRAFTS["Qwen3-4B"])

@@ -289,16 +289,19 @@ class RunView:
 
 
 def build_app(model: str = None, draft: str = None, allow_downloads: bool = False, max_tokens_cap: int = 512,
-              concurrency: int = 1, queue_size: int = 32, worker=None):
-    """The playground as (gr.Blocks, launch_kwargs). launch_kwargs (theme, css, js) go to
+              concurrency: int = 1, queue_size: int = 32, worker=None, pair=None):
+    """The playground as (gr.Blocks, launch_kwargs). launch_kwargs (theme, css) go to
     `blocks.launch(**launch_kwargs)` or `gr.mount_gradio_app(app, blocks, path, **launch_kwargs)`.
-    model/draft: an extra local pair offered first in the picker (besides the shipped pairs)."""
+
+    model/draft: the host's pair, offered first (a shipped pair's name, local directories or hub
+    ids; draft None = the shipped pair / the registry's draft); none = the shipped default pair.
+    allow_downloads: also offer the registered hub pairs to visitors. worker: the MLX worker
+    (default: dflash_core.worker.default_worker()). pair: an already loaded Pair for model/draft,
+    so a server that loaded it does not load it twice."""
     worker = worker or default_worker()
-    local = [(model, draft)] if model and draft else []
-    catalogue = Catalogue(worker, local, allow_downloads)
-    first = f"{model} + {draft}" if local else model  # the host's choice leads the picker
-    if first in catalogue.entries:
-        catalogue.entries.move_to_end(first, last=False)
+    catalogue = Catalogue(worker, [(model, draft)] if model else [], allow_downloads)
+    if pair is not None and model:
+        catalogue.add_loaded(catalogue.key_of(model, draft), pair)
     play = Playground(catalogue, worker, max_tokens_cap)
     default = catalogue.default_key()
     if default is not None:
@@ -408,6 +411,7 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         demo.load(play.prefill, [model_key], [prompt, max_tokens, block_size, chat, model_info],
                   api_visibility="private")
     demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
+    demo.playground = play  # for hosts and tests: the catalogue and the MLX worker it uses
     # system fonts only: the page must not fetch anything from the internet
     theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate",
                            font=[gr.themes.Font(f) for f in ("system-ui", "Segoe UI", "sans-serif")],

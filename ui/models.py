@@ -1,9 +1,9 @@
 """The model picker's catalogue: which pairs a visitor may pick, and a small cache of loaded pairs.
 
-Visitors pick from a fixed list (they never type host paths): the shipped pairs present on disk,
-the directories the host passed on the command line, and the registered hub pairs, which are
-offered only when the host started the app with --allow-downloads (a shared link must not make
-the host download tens of GB).
+Visitors pick from a fixed list (they never type host paths): the pair the host named on the
+command line (a local directory or a hub id, the host's own choice), the shipped pairs present on
+disk, and the registered hub pairs, which are offered only when the host started the app with
+--allow-downloads (a shared link must not make the host download tens of GB).
 """
 import threading
 from collections import OrderedDict
@@ -19,18 +19,24 @@ def hub_target_id(base: str) -> str:
 
 
 class Catalogue:
-    def __init__(self, worker, local_pairs: list = (), allow_downloads: bool = False, keep: int = 2):
-        """local_pairs: [(target_dir, draft_dir)] given by the host."""
+    def __init__(self, worker, host_pairs: list = (), allow_downloads: bool = False, keep: int = 2):
+        """host_pairs: [(model, draft)] named by the host, listed first; draft None = the shipped
+        pair of that name, or the registry's draft for the model."""
         self.worker = worker
         self.allow_downloads = allow_downloads
         self.keep = keep
         self.entries = OrderedDict()  # key -> (label, kind, target, draft)
+        for model, draft in host_pairs:
+            if model in SHIPPED and draft is None:
+                continue  # listed with the shipped pairs below
+            key = model if draft is None else f"{model} + {draft}"
+            self.entries[key] = (key, "host", model, draft)
         for name, (target, _) in SHIPPED.items():
             if target.is_dir():
                 self.entries[name] = (f"{name} (shipped)", "shipped", name, None)
-        for target, draft in local_pairs:
-            key = f"{target} + {draft}"
-            self.entries[key] = (f"{key} (local)", "local", target, draft)
+        for model, _ in host_pairs:
+            if model in self.entries:
+                self.entries.move_to_end(model, last=False)  # the host's shipped pick leads
         if allow_downloads:
             for base, draft, kind in known_pairs():
                 if kind == "hub":
@@ -50,6 +56,13 @@ class Catalogue:
     def is_loaded(self, key: str) -> bool:
         return key in self._loaded
 
+    def key_of(self, model: str, draft: str = None) -> str:
+        return model if draft is None else f"{model} + {draft}"
+
+    def add_loaded(self, key: str, pair):
+        """A pair the host already loaded (the server's), so it is not loaded twice."""
+        self._loaded[key] = pair
+
     def get(self, key: str):
         """The loaded Pair for a key, loading it on the MLX worker if needed (DFlashError on failure)."""
         if key not in self.entries:
@@ -59,7 +72,9 @@ class Catalogue:
                 self._loaded.move_to_end(key)
                 return self._loaded[key]
             _, kind, target, draft = self.entries[key]
-            pair = self.worker.call(load_pair, target, draft, self.allow_downloads if kind == "hub" else False)
+            # the host's own pick may download; visitors' hub picks only with --allow-downloads
+            allow = {"host": True, "hub": self.allow_downloads}.get(kind, False)
+            pair = self.worker.call(load_pair, target, draft, allow)
             self._loaded[key] = pair
             while len(self._loaded) > self.keep:
                 self._loaded.popitem(last=False)
