@@ -38,6 +38,14 @@ def test_prompt_run_shows_colored_cycles_verdict_and_charts(served, page):
     # the inspector shows a cycle and the race replays on one clock
     expect(page.locator("#inspector")).to_contain_text("cumulative product")
     expect(page.locator("#race .lane-count").first).to_contain_text("tokens", timeout=30_000)
+    # by default a few rejected drafts per cycle, the rest counted; the toggle shows them all
+    rejected = page.locator("#dflash-tokens .tok-rejected").count()
+    assert page.locator("#dflash-tokens .tok-more").count() > 0
+    page.locator("#all-rejected input").check()
+    expect(page.locator("#dflash-tokens .tok-more")).to_have_count(0)
+    assert page.locator("#dflash-tokens .tok-rejected").count() > rejected
+    page.locator("#all-rejected input").uncheck()
+    expect(page.locator("#dflash-tokens .tok-rejected")).to_have_count(rejected)
     dark = page.evaluate("document.body.classList.contains('dark')")
     page.locator("#theme-toggle").click()
     assert page.evaluate("document.body.classList.contains('dark')") != dark

@@ -4,6 +4,7 @@ import json
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from .runner import Comparison, compare
 PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "python.json"
 FRAME_S = 0.08  # at most ~12 page updates a second while streaming
 CHART_EVERY_S = 1.0  # charts refresh per batch of cycles, not per token
+KEEP_EXPORTS = 200  # run files kept for download on a long-running host
 MAX_REJECTED_SHOWN = 4  # rejected drafts shown per cycle in the colored pane (the rest as "+N")
 
 ABOUT = """
@@ -111,6 +113,14 @@ class Playground:
             info,
         )
 
+    def export(self, run: Comparison) -> Path:
+        """The run as JSON (events + summaries) for the download button; old files are pruned."""
+        path = self.export_dir / f"dflash-run-{time.time_ns()}.json"
+        path.write_text(json.dumps(run.to_json(), indent=1))
+        for old in sorted(self.export_dir.glob("dflash-run-*.json"))[:-KEEP_EXPORTS]:
+            old.unlink(missing_ok=True)
+        return path
+
     # --- the run --------------------------------------------------------------------------
     def stop(self, request: gr.Request):
         event = self.stops.get(request.session_hash) if request else None
@@ -155,30 +165,41 @@ class Playground:
             return
         finally:
             self.stops.pop(session, None)
-        path = self.export_dir / f"dflash-run-{int(time.time() * 1000)}.json"
-        path.write_text(json.dumps(run.to_json(), indent=1))
+        path = self.export(run)
         yield {**view.frame(ui, run), **view.charts(ui, run), **view.finish(ui, run, path)}
 
-    def inspect(self, run: Comparison, index):
-        if not run or not run.cycles:
+    @staticmethod
+    def inspect(shown: "Shown", index):
+        if shown is None or not shown.run.cycles:
             return render.info_html("run a prompt, then step through its cycles here")
-        i = max(0, min(int(index or 0), len(run.cycles) - 1))
-        token_text = self.catalogue_decoder(run.pair_name)
-        return render.inspector_html(run.cycles[i], token_text, hybrid=run.hybrid)
+        i = max(0, min(int(index or 0), len(shown.run.cycles) - 1))
+        return render.inspector_html(shown.run.cycles[i], shown.token_text, hybrid=shown.run.hybrid)
 
-    def catalogue_decoder(self, pair_name: str):
-        for key in self.catalogue.entries:
-            if self.catalogue.is_loaded(key) and self.catalogue.get(key).name == pair_name:
-                return single_token_text(self.catalogue.get(key))
-        return lambda tok: f"#{tok}"  # the pair was unloaded since: show ids
+    @staticmethod
+    def redraw_tokens(shown: "Shown", all_rejected: bool):
+        if shown is None:
+            return gr.skip()
+        limit = None if all_rejected else MAX_REJECTED_SHOWN
+        return render.dflash_tokens_html(shown.run.cycles, shown.pieces, shown.token_text, limit)
 
 
-def single_token_text(pair):
+def single_token_text(tokenizer):
+    """Decodes one token on its own (draft proposals, inspector cells); cached per run."""
     @lru_cache(maxsize=8192)
     def text(tok: int) -> str:
-        return pair.decode([tok])
+        return tokenizer.decode([tok])
 
     return text
+
+
+@dataclass
+class Shown:
+    """What a session keeps of its last run (gr.State): enough to redraw and inspect it. It holds
+    the tokenizer, not the Pair, so a session never keeps an unloaded model alive."""
+
+    run: Comparison
+    token_text: object
+    pieces: list  # texts of the DFlash committed tokens
 
 
 class RunView:
@@ -186,9 +207,10 @@ class RunView:
 
     def __init__(self, pair):
         self.stage = None
-        self.token_text = single_token_text(pair)
-        self.baseline_pieces = render.Pieces(pair.decode)
-        self.dflash_pieces = render.Pieces(pair.decode)
+        self.token_text = single_token_text(pair.tokenizer)
+        self.baseline_pieces = render.Pieces(pair.tokenizer.decode)
+        self.dflash_pieces = render.Pieces(pair.tokenizer.decode)
+
         self.b_text, self.d_pieces = [], []
 
     def reset(self, ui) -> dict:
@@ -248,7 +270,8 @@ class RunView:
             ui["b_stats"]: b_stats,
             ui["b_out"]: render.plain_text_html("".join(self.b_text), running=run.stage == "baseline"),
             ui["d_stats"]: d_stats,
-            ui["d_out"]: render.dflash_tokens_html(run.cycles, self.d_pieces, self.token_text, MAX_REJECTED_SHOWN,
+            ui["d_out"]: render.dflash_tokens_html(run.cycles, self.d_pieces, self.token_text,
+                                                   MAX_REJECTED_SHOWN,
                                                    running=run.stage == "dflash"),
         }
 
@@ -264,7 +287,7 @@ class RunView:
 
     def finish(self, ui, run: Comparison, export_path: Path) -> dict:
         b, d = run.baseline_summary, run.dflash_summary
-        out = {ui["export"]: gr.DownloadButton(value=str(export_path), interactive=True), ui["state"]: run}
+        out = {ui["export"]: gr.DownloadButton(value=str(export_path), interactive=True), ui["state"]: Shown(run, self.token_text, self.d_pieces)}
         if run.verdict == "identical":
             out[ui["lossless"]] = render.lossless_html("identical", f"all {len(d.tokens)} tokens match the baseline token for token")
         elif run.verdict == "diverged":
@@ -364,7 +387,10 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                         "DFlash · draft a block, verify in one pass</div>")
                 ui["d_stats"] = gr.HTML(render.stats_html(0, 0.0, 0.0, render.dflash_extra()), elem_id="dflash-stats")
                 ui["d_out"] = gr.HTML(render.dflash_tokens_html([], [], str), elem_id="dflash-tokens")
-                gr.HTML(render.LEGEND)
+                with gr.Row(equal_height=True):
+                    gr.HTML(render.LEGEND)
+                    all_rejected = gr.Checkbox(False, label=f"show every rejected draft (else the first {MAX_REJECTED_SHOWN})",
+                                               elem_id="all-rejected", scale=0, min_width=220)
         with gr.Accordion("Race replay: both engines on one clock", open=True):
             ui["race"] = gr.HTML(render.info_html("The race replay starts when both engines have finished."),
                                  elem_id="race")
@@ -395,6 +421,9 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                                   concurrency_id="mlx", show_progress="minimal",
                                   show_progress_on=[ui["status"]], api_name="run")
         run_event.then(None, js=assets.RACE_JS)
+        run_event.then(lambda shown, every: play.redraw_tokens(shown, True) if every else gr.skip(),
+                       [ui["state"], all_rejected], [ui["d_out"]], queue=False, show_progress="hidden",
+                       api_visibility="private")
         stop_btn.click(play.stop, None, None, queue=False, api_name="stop")
         replay_btn.click(None, js=assets.RACE_JS)
         theme_btn.click(None, js=assets.THEME_JS)
@@ -402,11 +431,13 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         model_key.change(play.select_model, [model_key, block_size, max_tokens],
                          [model_info, block_size, max_tokens, chat], concurrency_id="mlx",
                          show_progress_on=[model_info], api_name="select_model")
+        all_rejected.change(play.redraw_tokens, [ui["state"], all_rejected], [ui["d_out"]], queue=False,
+                            show_progress="hidden", api_visibility="private")
         ui["insp_slider"].change(play.inspect, [ui["state"], ui["insp_slider"]], [ui["insp_html"]],
                                  show_progress="hidden", queue=False, api_visibility="private")
         prev_btn.click(lambda i: max(int(i) - 1, 0), [ui["insp_slider"]], [ui["insp_slider"]], queue=False,
                        api_visibility="private")
-        next_btn.click(lambda run, i: min(int(i) + 1, max(len(run.cycles) - 1, 0)) if run else 0,
+        next_btn.click(lambda shown, i: min(int(i) + 1, max(len(shown.run.cycles) - 1, 0)) if shown else 0,
                        [ui["state"], ui["insp_slider"]], [ui["insp_slider"]], queue=False, api_visibility="private")
         demo.load(play.prefill, [model_key], [prompt, max_tokens, block_size, chat, model_info],
                   api_visibility="private")
