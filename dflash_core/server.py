@@ -9,6 +9,7 @@ RunSummary at the end.
 """
 import collections
 import json
+import sys
 import threading
 import time
 import uuid
@@ -546,14 +547,19 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None)
 
 
 def mount_playground(app: FastAPI, server: Server, model: str = None, draft: str = None) -> bool:
-    """Mount the Gradio playground at / when the `ui` package is present. The API routes keep
-    priority (they were added first). model/draft: the pair the playground offers first."""
+    """Mount the Gradio playground at / when the `ui` package is present, offering the served
+    pair (model/draft as given to `serve`) first, already loaded. The API routes keep priority
+    (they were added first). A playground that cannot be built leaves the API running."""
     try:
         import gradio as gr
         from ui import build_app
     except ImportError:
         return False
-    blocks, launch_kwargs = build_app(model, draft, worker=server.worker)
+    try:
+        blocks, launch_kwargs = build_app(model, draft, worker=server.worker, pair=server.pair)
+    except DFlashError as e:
+        print(f"warning: the playground is not served: {e}", file=sys.stderr)
+        return False
     gr.mount_gradio_app(app, blocks, path="/", **launch_kwargs)
     return True
 

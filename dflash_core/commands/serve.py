@@ -2,8 +2,7 @@
 import socket
 
 from ..errors import DFlashError
-from ..loading import SHIPPED
-from ..registry import draft_for
+from ..loading import DEFAULT_PAIR
 from ..worker import default_worker
 from .common import add_pair_args, load, log, positive_int
 
@@ -34,11 +33,7 @@ def run(args) -> int:
     _check_port(args.host, args.port)
     pair = default_worker().call(load, args)  # the models belong to the worker thread
     model_id = args.model or pair.name
-    playground = None
-    if not args.no_playground:  # the playground offers the served pair first
-        shipped = args.model is None or (args.model in SHIPPED and args.draft is None)
-        playground = {"model": args.model, "draft": None} if shipped else \
-            {"model": args.model, "draft": args.draft or draft_for(args.model)}
+    playground = None if args.no_playground else {"model": args.model or DEFAULT_PAIR, "draft": args.draft}
     log(f"serving {pair.name} as '{model_id}' on http://{args.host}:{args.port} "
         "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /metrics.json"
         + ("" if args.no_playground else ", the playground at /") + ")")
