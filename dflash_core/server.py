@@ -13,11 +13,11 @@ import sys
 import threading
 import time
 import uuid
-from typing import Literal, Optional, Union
+from typing import Optional, Union
 
 import anyio
 import mlx.core as mx
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from mlx_lm.generate import generate_step
@@ -506,7 +506,7 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None)
     @app.post("/v1/completions")
     def completions(req: CompletionRequest):
         server.check_model(req.model)
-        server.check_supported(req, {"logprobs": None, "echo": False, "suffix": None, "best_of": None})
+        server.check_supported(req, {"logprobs": None, "echo": False, "suffix": None, "best_of": 1})
         ids = server.completion_ids(req.prompt)
         rid, created, model = server.new_id("cmpl-"), int(time.time()), server.model_id
         job = server.job(rid, "completion", req, ids, req.max_tokens)

@@ -4,7 +4,6 @@ token the target falls into repeating (see ui_pair.pin_draft), so some proposals
 the acceptance counters are checked against something that is not always zero. Every text the
 server returns is compared with a lone plain greedy run of the same prompt."""
 import os
-import socket
 import subprocess
 import sys
 import threading
