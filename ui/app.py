@@ -350,6 +350,8 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                 prompt = gr.Textbox(label="Prompt", lines=7, max_lines=16, elem_id="prompt",
                                     placeholder="Python code to continue, e.g. def binary_search(items, target):")
                 gr.Examples(example_prompts(), inputs=[prompt], label="Examples (Python, the shipped pair's domain)")
+                link = gr.Textbox(label="Link to these settings (Copy link fills it)", interactive=False,
+                                  elem_id="permalink", max_lines=1, buttons=["copy"])
             with gr.Column(scale=2):
                 model_key = gr.Dropdown(catalogue.choices(), value=default, label="Model pair", elem_id="model")
                 model_info = gr.HTML(elem_id="model-info")
@@ -367,8 +369,6 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                     link_btn = gr.Button("Copy link", size="sm", elem_id="copy-link")
                     ui["export"] = gr.DownloadButton("Download run (JSON)", size="sm", interactive=False,
                                                      elem_id="export")
-                link = gr.Textbox(label="Link to these settings", visible=True, interactive=False,
-                                  elem_id="permalink", show_label=True, max_lines=1, buttons=["copy"])
         ui["status"] = gr.HTML(elem_id="status-panel")
         with gr.Row(equal_height=True):
             with gr.Column(scale=1, min_width=220):
