@@ -111,6 +111,9 @@ class Metrics:
         self.latency = Histogram("dflash_request_latency_seconds", "Request time from arrival to last token",
                                  ["path"], registry=r,
                                  buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+        self.first_token = Histogram("dflash_time_to_first_token_seconds",
+                                     "Request time from arrival to its first committed token (queueing and prefill)",
+                                     ["path"], registry=r, buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
         self.tokens_per_cycle = Histogram("dflash_tokens_per_cycle", "Tokens committed per DFlash cycle",
                                           registry=r, buckets=tuple(range(1, block_size + 1)))
         for k in range(block_size - 1):  # every position shows, at 0 until accepted once
@@ -262,6 +265,8 @@ class Job:
                 else:
                     metrics.generation_tokens.labels(path="sampling").inc()
                     new = [ev.token]
+                if not tokens and not stopped:
+                    metrics.first_token.labels(path=self.path).observe(time.perf_counter() - self.t_arrival)
                 if stopped:
                     continue  # the engine stops at its next check; what it made meanwhile is dropped
                 tokens += new

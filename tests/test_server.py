@@ -249,6 +249,7 @@ def test_metrics_count_what_the_engine_did(served):
     assert m["dflash_generation_tokens_total[path=dflash]"] == sum(r["generated_tokens"] for r in runs)
     assert m["dflash_tokens_per_cycle_count"] == m["dflash_spec_decode_num_drafts_total"]
     assert m["dflash_request_latency_seconds_count[path=dflash]"] == len(runs)
+    assert m["dflash_time_to_first_token_seconds_count[path=dflash]"] == len(runs)
     assert m["dflash_requests_running"] == 0
 
 
