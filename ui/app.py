@@ -4,6 +4,7 @@ import json
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -56,6 +57,7 @@ class Playground:
         self.max_tokens_cap = max_tokens_cap
         self.stops = {}  # session hash -> threading.Event of its running request
         self.export_dir = Path(tempfile.mkdtemp(prefix="dflash-playground-"))
+        self.ui = {}  # component name -> component, filled by build_app
 
     # --- model picker -------------------------------------------------------------------
     def pair_info(self, key: str) -> str:
@@ -131,9 +133,8 @@ class Playground:
         """Baseline, then DFlash, then the lossless check, streamed to the page."""
         ui = self.ui
         try:
+            # the sliders' bounds (Gradio checks them) hold the host's cap and the draft's block size
             max_tokens, block_size = int(max_tokens), int(block_size)
-            if max_tokens > self.max_tokens_cap:
-                raise DFlashError(f"max tokens {max_tokens} is above this host's cap of {self.max_tokens_cap}")
             if not self.catalogue.is_loaded(key):
                 yield {ui["status"]: render.info_html(f"loading {key} …")}
             pair = self.catalogue.get(key)
@@ -162,6 +163,10 @@ class Playground:
                 yield update
         except DFlashError as e:
             yield {ui["status"]: render.error_html(str(e))}
+            return
+        except Exception as e:  # a bug or a device error: say so on the page, keep serving
+            traceback.print_exc()
+            yield {ui["status"]: render.error_html(f"internal error ({type(e).__name__}: {e}); the details are in the server log")}
             return
         finally:
             self.stops.pop(session, None)
@@ -210,7 +215,6 @@ class RunView:
         self.token_text = single_token_text(pair.tokenizer)
         self.baseline_pieces = render.Pieces(pair.tokenizer.decode)
         self.dflash_pieces = render.Pieces(pair.tokenizer.decode)
-
         self.b_text, self.d_pieces = [], []
 
     def reset(self, ui) -> dict:
@@ -334,8 +338,7 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
             print(f"warning: could not load {default}: {e}")
 
     with gr.Blocks(title="DFlash playground") as demo:
-        ui = {}
-        play.ui = ui
+        ui = play.ui
         with gr.Row(equal_height=False):
             gr.HTML(
                 "<h1>DFlash playground</h1><p>Block-diffusion speculative decoding on MLX: a small draft "
