@@ -12,6 +12,7 @@ from pathlib import Path
 import gradio as gr
 
 from dflash_core.errors import DFlashError
+from dflash_core.loading import ASSETS as SHIPPED_DIR
 from dflash_core.worker import default_worker
 
 from . import assets, charts, render
@@ -331,11 +332,13 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         catalogue.add_loaded(catalogue.key_of(model, draft), pair)
     play = Playground(catalogue, worker, max_tokens_cap)
     default = catalogue.default_key()
-    if default is not None:
-        try:
-            catalogue.get(default)  # load before the first visitor arrives
-        except DFlashError as e:
-            print(f"warning: could not load {default}: {e}")
+    if default is None:
+        raise DFlashError(f"no model pair to serve: the shipped pairs are missing from {SHIPPED_DIR} "
+                          "(is this a full clone?); give one with --model DIR --draft DIR")
+    try:
+        catalogue.get(default)  # load before the first visitor arrives
+    except DFlashError as e:
+        print(f"warning: could not load {default}: {e}")  # the page shows it as a panel too
 
     with gr.Blocks(title="DFlash playground") as demo:
         ui = play.ui
