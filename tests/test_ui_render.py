@@ -129,6 +129,19 @@ def test_pieces_join_to_the_decoded_text_across_split_characters():
     assert inc.add(ids[:2]) + inc.add(ids[2:]) == pieces  # streaming gives the same pieces
 
 
+def test_pieces_keep_sentencepiece_word_spaces():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    text = "the quick brown fox jumps over the lazy dog"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=60, show_progress=False))
+    ids = tok.encode(text).ids
+    assert tok.decode(ids[1:2]) == tok.decode(ids[1:2]).lstrip()  # a lone token loses its space
+    pieces = render.token_pieces(tok.decode, ids)
+    assert "".join(pieces) == tok.decode(ids) == text
+
+
 def test_inspector_rows():
     c0 = cycle(3, 1, [2, 3, 4, 5], [2, 3, 9, 5, 6])
     markup = render.inspector_html(c0, text, hybrid=True)

@@ -18,22 +18,26 @@ def esc(text) -> str:
 class Pieces:
     """Incremental per-token text: `add(ids)` returns the text each new token adds, so that the
     pieces join to decode(all ids). A token that ends inside a multi-byte character adds "" and
-    the token completing it adds the whole character."""
+    the token completing it adds the whole character. Each token is decoded after the previous
+    one and the previous one's text is cut off, because SentencePiece-style decoders drop a
+    word-initial space at the start of a decode."""
 
     def __init__(self, decode):
         self.decode = decode
         self.pending = []  # tokens whose bytes do not yet form whole characters
+        self.previous = []  # the last complete token, as left context
 
     def add(self, ids: list) -> list:
         out = []
         for tok in ids:
             self.pending.append(tok)
-            text = self.decode(self.pending)
+            text = self.decode(self.previous + self.pending)
             if text.endswith(REPLACEMENT) and len(self.pending) < 4:
                 out.append("")  # incomplete UTF-8 (at most 4 bytes): wait for the next token
                 continue
-            out.append(text)
-            self.pending = []
+            head = self.decode(self.previous) if self.previous else ""
+            out.append(text[len(head):] if text.startswith(head) else self.decode(self.pending))
+            self.previous, self.pending = self.pending[-1:], []
         return out
 
 
