@@ -8,6 +8,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+from dflash_core.events import CycleEvent, Divergence, RunSummary, TokenEvent
 from dflash_core.worker import default_worker
 from ui_pair import MAX_TOKENS, PROMPT, served  # noqa: F401  (fixture)
 from ui.runner import Comparison, compare
@@ -75,6 +76,49 @@ def test_a_pair_that_fails_to_load_is_a_panel(tmp_path):
         assert "Traceback" not in out["status"]
     finally:
         demo.close()
+
+
+class ScriptedPair:
+    """Plays back fixed events like a Pair would, and logs which thread ran what, in what order."""
+
+    def __init__(self, ours, reference):
+        self.ours, self.reference, self.log = ours, reference, []
+
+    def _note(self, what):
+        self.log.append((what, threading.current_thread().name))
+
+    def check_request(self, ids, max_tokens, block_size):
+        self._note("check")
+
+    def baseline(self, ids, max_tokens, should_stop):
+        self._note("baseline start")
+        for i, tok in enumerate(self.reference):
+            yield TokenEvent(i, tok, 0.01 * (i + 1))
+        self._note("baseline end")
+        yield RunSummary("baseline", len(ids), self.reference, 0.01, 0.05, "max_tokens", 1.0)
+
+    def dflash(self, ids, max_tokens, block_size, should_stop):
+        self._note("dflash start")
+        yield CycleEvent(0, self.ours[0], self.ours[1:3], self.ours[1:3] + [7], 2, self.ours[:3], 7, 0, 0, 1.0, 2.0, 0.1, 0.01)
+        yield CycleEvent(1, self.ours[3], [9], [self.ours[4], 1], 0, self.ours[3:4], self.ours[4], 1, 0, 1.0, 2.0, 0.1, 0.02)
+        self._note("dflash end")
+        yield RunSummary("dflash", len(ids), self.ours[:4], 0.01, 0.02, "max_tokens", 1.0, block_size=3, cycles=2)
+
+    def divergence(self, ids, ours, reference):
+        self._note("divergence")
+        return Divergence(index=2, dflash_token=ours[2], baseline_token=reference[2], top2_margin=0.25)
+
+
+def test_engines_run_one_after_the_other_on_the_worker_and_divergence_is_reported():
+    pair = ScriptedPair([5, 6, 8, 9, 4], [5, 6, 7, 9])
+    run_ = Comparison("scripted", "p", [1, 2], 4, 3, False)
+    stages = [state.stage for state in compare(default_worker(), pair, run_, threading.Event())]
+    steps = [what for what, _ in pair.log]
+    assert steps == ["check", "baseline start", "baseline end", "dflash start", "dflash end", "divergence"]
+    assert {thread for _, thread in pair.log} == {"mlx-worker"}  # all model work on the one MLX thread
+    assert stages.index("dflash") > max(i for i, s in enumerate(stages) if s == "baseline")
+    assert run_.verdict == "diverged" and run_.divergence.top2_margin == 0.25 and stages[-1] == "done"
+    assert run_.dflash_tokens() == [5, 6, 8, 9] and run_.baseline_tokens() == [5, 6, 7, 9]
 
 
 def test_stop_ends_within_a_cycle_and_keeps_the_text(served):

@@ -262,9 +262,9 @@ def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: 
     committed = "".join(
         f'<span class="tok {"tok-target" if i == 0 else "tok-accepted"}">{show_text(token_text(t), inline=True)}</span>'
         for i, t in enumerate(ev.committed))
-    rollback = f"{ev.kv_trimmed} KV-cache entries trimmed per attention layer"
+    rollback = f"{ev.kv_trimmed} KV-cache entr{'y' if ev.kv_trimmed == 1 else 'ies'} trimmed per attention layer"
     if hybrid:
-        rollback += f"; {ev.gdn_replayed} GatedDeltaNet steps replayed per linear layer"
+        rollback += f"; {ev.gdn_replayed} GatedDeltaNet step{'' if ev.gdn_replayed == 1 else 's'} replayed per linear layer"
     facts = (
         f"<div class='facts'>"
         f"<div><span class='k'>accepted length</span> <b>{a}</b> of {B - 1}</div>"
