@@ -74,7 +74,7 @@ def dflash_generate(
         # rollback: the target keeps exactly the committed tokens; the draft's context grows
         # by their hidden states only
         target.rollback(kept=a + 1, fed=B)
-        mx.eval(target.cache_state())
+        mx.eval(target.gdn_state())
         ctx.extend([h[:, : a + 1] for h in taps])
         t_rollback = time.perf_counter()
 

@@ -184,6 +184,10 @@ class Target:
     def cache_state(self):
         return [c.state for c in self.cache]
 
+    def gdn_state(self):
+        """What rollback recomputes (attention rollback is only an offset change)."""
+        return [self.cache[i].cache for i, _, _ in self.gdn_layers]
+
 
 def rollback_kv(cache, n_drop: int):
     """Attention caches: forget the last n_drop entries."""
