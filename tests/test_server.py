@@ -19,13 +19,14 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from dflash_core.loading import load_pair
+from dflash_core.loading import SHIPPED, load_pair
 from dflash_core.random_models import write_draft, write_target
 from dflash_core.server import Detokenizer, create_app, sample_generate
 from dflash_core.worker import default_worker
 from ui_pair import PROMPT, free_port, pin_draft
 
 MODEL = "random-qwen3"
+SHIPPED_TARGET = SHIPPED["stdlib-coder"][0]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -260,13 +261,20 @@ def test_models_and_health(served):
     assert h["status"] == "ok" and h["block_size"] == s.pair.block_size
 
 
-def test_serve_command(served):
-    """`python -m dflash_core serve` itself, answering the official client."""
+def test_serve_command_must_show(served):
+    """The issue's must-show: `python -m dflash_core serve` (on the shipped pair when it is in the
+    checkout, else the pinned random pair) answers the official client, plain and streamed, with
+    plain greedy decoding's text; afterwards /metrics counts drafts and accepted tokens above 0."""
     s = served
+    if SHIPPED_TARGET.is_dir():
+        args, model, prompt = [], "stdlib-coder", "def binary_search(items, target):\n"
+        pair = s.worker.call(load_pair)
+    else:
+        args, model, prompt, pair = ["--model", str(s.target), "--draft", str(s.draft)], str(s.target), PROMPT, s.pair
+    lone = SimpleNamespace(pair=pair, worker=s.worker)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "dflash_core", "serve", "--model", str(s.target), "--draft",
-                             str(s.draft), "--port", str(port), "--no-playground"],
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_core", "serve", *args, "--port", str(port), "--no-playground"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -278,10 +286,15 @@ def test_serve_command(served):
             except httpx.TransportError:
                 time.sleep(0.2)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        text, _, _ = greedy(s, PROMPT, 48, chat=False)
-        assert client.completions.create(model=str(s.target), prompt=PROMPT, max_tokens=48).choices[0].text == text
-        m = httpx.get(url + "/metrics").text
-        assert "dflash_spec_decode_num_drafts_total" in m
+        chat_text, _, _ = greedy(lone, prompt, 48, chat=True)
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], max_tokens=48)
+        assert r.choices[0].message.content == chat_text
+        text, _, _ = greedy(lone, prompt, 48, chat=False)
+        stream = client.completions.create(model=model, prompt=prompt, max_tokens=48, stream=True)
+        assert "".join(c.choices[0].text for c in stream) == text
+        m = metric_values(SimpleNamespace(url=url))
+        assert m["dflash_spec_decode_num_drafts_total"] > 0
+        assert m["dflash_spec_decode_num_accepted_tokens_total"] > 0
         # a second server on the same port is refused in one line, before loading anything
         busy = subprocess.run([sys.executable, "-m", "dflash_core", "serve", "--port", str(port)],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
