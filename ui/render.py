@@ -167,7 +167,7 @@ def speedup_html(baseline: RunSummary = None, dflash: RunSummary = None) -> str:
     return (
         f'<div class="{cls}"><div class="v">{x:.2f}×</div><div class="k">decode speedup</div>'
         f'<div class="sub">{dflash.decode_tps:.1f} vs {baseline.decode_tps:.1f} tok/s · '
-        f"end to end {e2e:.2f}×</div></div>"
+        f"end to end {e2e:.2f}× · one run (the benchmark command reports medians)</div></div>"
     )
 
 
@@ -223,7 +223,8 @@ def race_html(baseline_pieces: list, baseline_times: list, dflash_pieces: list, 
 
     return (
         f'<div class="race" data-timeline="{esc(json.dumps(data))}">'
-        f'<div class="race-head"><span class="clock">0.00 s</span> of {end:.2f} s'
+        f'<div class="race-head" title="one clock from each request\'s start, prefill included">'
+        f'<span class="clock">0.00 s</span> of {end:.2f} s'
         f'{" · replay at " + format(speed, "g") + "× speed" if speed != 1 else " · real time"}</div>'
         f'{lane("Baseline", "baseline")}{lane("DFlash", "dflash")}</div>'
     )
