@@ -527,10 +527,18 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None)
 
         return respond(job, body, chunk if req.stream else None, req.stream and _wants_usage(req))
 
+    def model_card():
+        return {"id": server.model_id, "object": "model", "created": server.started, "owned_by": "dflash",
+                "pair": pair.name}
+
     @app.get("/v1/models")
     def models():
-        return {"object": "list", "data": [{"id": server.model_id, "object": "model", "created": server.started,
-                                            "owned_by": "dflash", "draft": pair.name}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    def model(name: str):
+        server.check_model(name)
+        return model_card()
 
     @app.get("/health")
     def health():

@@ -257,6 +257,9 @@ def test_metrics_count_what_the_engine_did(served):
 def test_models_and_health(served):
     s = served
     assert [m.id for m in s.client.models.list()] == [MODEL]
+    assert s.client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        s.client.models.retrieve("gpt-17")
     h = httpx.get(s.url + "/health").json()
     assert h["status"] == "ok" and h["block_size"] == s.pair.block_size
 
