@@ -8,10 +8,13 @@ from .common import add_pair_args, load, log, positive_int
 
 
 def add_parser(sub):
-    p = sub.add_parser("serve", help="serve an OpenAI-compatible API with metrics (and the playground)")
+    p = sub.add_parser("serve", help="serve an OpenAI-compatible API with metrics (and the playground)",
+                       description="One process: POST /v1/chat/completions and /v1/completions (greedy through "
+                                   "DFlash, temperature > 0 by plain sampling), GET /v1/models, /health, "
+                                   "/metrics (Prometheus), /metrics.json, and the playground at /.")
     add_pair_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=positive_int, default=8000)
+    p.add_argument("--port", type=positive_int, default=8000, help="default 8000")
     p.add_argument("--no-playground", action="store_true", help="serve the API only, without the UI at /")
     p.set_defaults(func=run)
 
