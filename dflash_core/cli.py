@@ -7,7 +7,7 @@ import sys
 from .errors import DFlashError
 
 # command modules, in the order `--help` lists them
-COMMANDS = ["generate", "serve", "benchmark", "models", "doctor"]
+COMMANDS = ["generate", "serve", "benchmark", "models", "doctor", "train-target", "train-draft"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,432 @@
+"""Train a DFlash draft for any mlx-lm target (the published recipe; see ../shared notes).
+
+- The target is frozen. Its own greedy continuations of the prompts are the training text, so the
+  draft learns the target's distribution, not the corpus's.
+- Per sequence, anchors are sampled among response positions (resampled every epoch). Block k
+  (one per anchor a) is `[token[a], MASK x (B-1)]` at positions a..a+B-1; its queries see the
+  context features of positions < a and their own block (bidirectionally), nothing else;
+  position j of the block predicts token[a + j], weighted exp(-(j-1)/gamma).
+- The forward below uses the inference model's own modules (`DraftModel`: fc, hidden_norm,
+  q/k norms, rope, `keys_values`), and the target's taps come from the engine's `Target`, so
+  training sees exactly what the engine computes at inference.
+- Evaluation runs the real engine loop (`engine.dflash_generate`) and reports tokens per cycle.
+"""
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten
+
+from . import target as target_mod
+from .draft import DraftConfig, DraftModel, default_target_layer_ids
+from .engine import dflash_generate
+from .errors import DFlashError
+from .target import Target
+from .train_target import lr_at, read_corpus, stdlib_dir, top_level_prompts
+
+GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+def loss_gamma(block_size: int) -> float:
+    return GAMMA.get(block_size, max(2.0, 7.0 * block_size / 16))
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def prompt_texts(data: str, seed: int, n: int) -> tuple:
+    """(train prompts, eval prompts) as user texts. data: 'stdlib' (this interpreter's standard
+    library, minus the target trainer's held-out files), a directory or file of source text
+    (prompts are top-level lines of it), or a .jsonl file with a "prompt" field per line."""
+    rng = random.Random(seed)
+    path = Path(data)
+    if data == "stdlib":
+        docs, heldout = read_corpus(stdlib_dir())
+        prompts = [p for _, text in docs for p in top_level_prompts(text, rng, math.ceil(n * 1.3 / len(docs)))]
+        rng.shuffle(prompts)
+        eval_prompts = [p for _, text in heldout for p in top_level_prompts(text, rng, 1)]
+        rng.shuffle(eval_prompts)
+        return prompts[:n], eval_prompts
+    elif path.suffix == ".jsonl" and path.is_file():
+        prompts = []
+        for line in path.read_text().splitlines():
+            if line.strip():
+                try:
+                    prompts.append(json.loads(line)["prompt"])
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise DFlashError(f"{path}: every line must be a JSON object with a \"prompt\" field") from None
+        rng.shuffle(prompts)
+        n_eval = max(1, min(8, len(prompts) // 10))
+        return prompts[n_eval:], prompts[:n_eval]
+    elif path.is_dir():
+        docs = [(str(f), f.read_text(errors="replace")) for f in sorted(path.rglob("*"))
+                if f.is_file() and f.suffix in (".py", ".txt", ".md")]
+    elif path.is_file():
+        docs = [(str(path), path.read_text(errors="replace"))]
+    else:
+        raise DFlashError(f"--data '{data}' is neither 'stdlib', a directory, nor a file")
+    if not docs:
+        raise DFlashError(f"--data '{data}' holds no .py/.txt/.md text")
+    per_doc = max(1, math.ceil(n * 1.3 / len(docs)))
+    prompts = [p for _, text in docs for p in top_level_prompts(text, rng, per_doc)]
+    rng.shuffle(prompts)
+    if len(prompts) < 2:
+        raise DFlashError(f"--data '{data}' gave too few prompts ({len(prompts)})")
+    n_eval = max(1, min(8, len(prompts) // 10))
+    return prompts[n_eval : n_eval + n], prompts[:n_eval]
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list:
+    """Exactly as `Pair.encode` does it, so the draft trains on the inference formatting."""
+    if chat and getattr(tokenizer, "has_chat_template", False):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                             add_generation_prompt=True, tokenize=False,
+                                             enable_thinking=False)
+        return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(text)
+
+
+def regenerate(model, tokenizer, prompts: list, max_new: int, batch: int, log=print) -> list:
+    """The target's own greedy continuations (token ids; ending with EOS if it stopped)."""
+    from mlx_lm.generate import batch_generate
+
+    eos = list(tokenizer.eos_token_ids)[0]
+    out = []
+    t0 = time.time()
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i : i + batch]
+        try:
+            res = batch_generate(model, tokenizer, chunk, max_tokens=max_new, return_token_ids=True,
+                                 completion_batch_size=len(chunk), prefill_batch_size=min(len(chunk), 64))
+            token_ids = res.token_ids
+        except RuntimeError as e:  # seen on MLX CUDA with qwen3_5 caches: go one prompt at a time
+            log(f"batched generation failed ({str(e).splitlines()[0][:80]}); generating one by one")
+            token_ids = [greedy(model, ids, max_new, set(tokenizer.eos_token_ids)) for ids in chunk]
+        out += [ids + [eos] if len(ids) < max_new else ids for ids in token_ids]
+        log(f"regenerated {len(out)}/{len(prompts)} continuations, {time.time() - t0:.0f}s")
+    return out
+
+
+def greedy(model, prompt: list, max_new: int, eos: set) -> list:
+    """Plain greedy continuation, without the EOS token (as batch_generate returns it)."""
+    from mlx_lm.generate import generate_step
+
+    out = []
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_new,
+                                sampler=lambda logprobs: mx.argmax(logprobs, axis=-1)):
+        if tok in eos:
+            break
+        out.append(tok)
+    return out
+
+
+class Sequences:
+    """Prompt + response token ids padded to one length, with where each response starts/ends."""
+
+    def __init__(self, prompts: list, responses: list, pad_id: int):
+        lens = [len(p) + len(r) for p, r in zip(prompts, responses)]
+        self.length = max(lens)
+        self.ids = np.full((len(prompts), self.length), pad_id, dtype=np.int32)
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            self.ids[i, : lens[i]] = p + r
+        self.start = np.array([len(p) for p in prompts])
+        self.end = np.array(lens)  # exclusive
+
+    def __len__(self):
+        return len(self.ids)
+
+    def anchors(self, rows, n: int, block: int, rng) -> tuple:
+        """(anchors, valid) each (len(rows), n): up to n distinct anchors a per row with
+        start <= a <= end - block (a full block of labels); unused slots are invalid."""
+        anchors = np.zeros((len(rows), n), dtype=np.int32)
+        valid = np.zeros((len(rows), n), dtype=bool)
+        for j, r in enumerate(rows):
+            cand = np.arange(self.start[r], self.end[r] - block + 1)
+            if len(cand) == 0:
+                continue
+            pick = rng.choice(cand, size=min(n, len(cand)), replace=False)
+            anchors[j, : len(pick)] = pick
+            valid[j, : len(pick)] = True
+        return anchors, valid
+
+
+# ---------------------------------------------------------------------------- model
+
+
+def tapped_hidden(target: Target, ids: mx.array) -> list:
+    """The target's hidden states at the draft's tap layers for a batch (B, L), no cache: the
+    same recording the engine's Target does during prefill and verify."""
+    rec = target_mod._Recorder()
+    rec.hidden = {}
+    target_mod._ACTIVE = rec
+    try:
+        target.inner(ids)
+    finally:
+        target_mod._ACTIVE = None
+    return [mx.stop_gradient(rec.hidden[i]) for i in target.tap_ids]
+
+
+def block_attention(attn, x, ctx_k, ctx_v, positions, mask):
+    """The draft's attention for many blocks at once. x: (N, B, h) blocks, ctx_k/v: (N, kv, L, d)
+    context keys/values, positions: (N,) each block's first position, mask: (N, 1, B, L + B)."""
+    N, B, _ = x.shape
+    q = attn.q_norm(attn.q_proj(x).reshape(N, B, attn.n_heads, -1)).transpose(0, 2, 1, 3)
+    q = attn.rope(q, offset=positions)
+    k, v = attn.keys_values(x, positions)
+    k = mx.concatenate([ctx_k, k], axis=2)
+    v = mx.concatenate([ctx_v, v], axis=2)
+    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask=mask)
+    return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, B, -1))
+
+
+def block_logits(draft: DraftModel, head, taps: list, block_embeds, anchors, seq_of_block):
+    """Draft logits for blocks at positions 1..B-1. taps: per tap (S, L, h) target hidden states;
+    block_embeds (N, B, h); anchors (N,) absolute positions; seq_of_block (N,) sequence index."""
+    feats = draft.context_features(taps)  # (S, L, h)
+    L = feats.shape[1]
+    N, B, _ = block_embeds.shape
+    ctx_pos = mx.arange(L)
+    sees_ctx = ctx_pos[None, :] < anchors[:, None]  # (N, L): strictly before the anchor
+    h = block_embeds
+    for layer in draft.layers:
+        attn = layer.self_attn
+        k, v = attn.keys_values(feats, 0)  # (S, kv, L, d), positions 0..L-1
+        ctx_mask = sees_ctx[:, None, :]
+        if attn.sliding_window is not None:
+            q_pos = anchors[:, None] + mx.arange(B)[None]
+            ctx_mask = ctx_mask & ((q_pos[:, :, None] - ctx_pos[None, None]) < attn.sliding_window)
+        ctx_mask = mx.broadcast_to(ctx_mask, (N, B, L))
+        mask = mx.concatenate([ctx_mask, mx.ones((N, B, B), dtype=mx.bool_)], axis=-1)[:, None]
+        a = block_attention(attn, layer.input_layernorm(h), k[seq_of_block], v[seq_of_block], anchors, mask)
+        h = h + a
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return head(draft.norm(h)[:, 1:])
+
+
+def draft_loss(draft, head, taps, block_embeds, anchors, seq_of_block, labels, weights):
+    logits = block_logits(draft, head, taps, block_embeds, anchors, seq_of_block).astype(mx.float32)
+    ce = nn.losses.cross_entropy(logits, labels, reduction="none")
+    return (ce * weights).sum() / mx.maximum(weights.sum(), 1e-6)
+
+
+def make_draft_config(model, tokenizer, layers: int, block_size: int, mask_token: str = "<|mask|>",
+                      intermediate: int = None, target_layer_ids: list = None) -> DraftConfig:
+    """A draft shaped like the target's layers: same hidden size, heads and head dim."""
+    args = Target._text_owner(model).args  # qwen3_5 nests the text model's args
+    get = lambda k, d=None: getattr(args, k, d)
+    n_target = len(model.layers)
+    mask_id = tokenizer.convert_tokens_to_ids(mask_token) if hasattr(tokenizer, "convert_tokens_to_ids") else None
+    if mask_id is None or mask_id == getattr(tokenizer, "unk_token_id", -1):
+        raise DFlashError(f"the target's tokenizer has no '{mask_token}' token; give --mask-token (a reserved special token)")
+    bad = [i for i in target_layer_ids or [] if not 0 <= i < n_target]
+    if bad:
+        raise DFlashError(f"--target-layers {bad} are outside the target's {n_target} layers (0..{n_target - 1})")
+    hidden = get("hidden_size")
+    heads = get("num_attention_heads")
+    rope = get("rope_parameters") or {}
+    return DraftConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=intermediate or get("intermediate_size"),
+        num_attention_heads=heads,
+        num_key_value_heads=get("num_key_value_heads", heads),
+        head_dim=get("head_dim") or hidden // heads,
+        vocab_size=get("vocab_size"),
+        target_layer_ids=target_layer_ids
+        or (default_target_layer_ids(n_target, layers) if n_target > 4 else [n_target // 2]),
+        mask_token_id=int(mask_id),
+        block_size=block_size,
+        num_target_layers=n_target,
+        rms_norm_eps=get("rms_norm_eps", 1e-6),
+        rope_theta=rope.get("rope_theta", get("rope_theta", 10000.0)),
+        max_position_embeddings=get("max_position_embeddings", 4096),
+    )
+
+
+def init_from_target(draft: DraftModel, target: Target):
+    """Start the output norm from the target's final norm: the draft's hidden state goes through
+    the target's LM head, which was trained on that norm's scale."""
+    draft.norm.weight = target.inner.norm.weight.astype(mx.float32)
+
+
+def save_draft(draft: DraftModel, out: Path, dtype=mx.float16):
+    """Public DFlash format: config.json + model.safetensors (fc, hidden_norm, layers.N.*, norm)."""
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.astype(dtype) for k, v in tree_flatten(draft.parameters())}
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(draft.config.to_dict(), indent=2))
+
+
+def acceptance(target: Target, draft: DraftModel, prompts: list, max_new: int, eos: set) -> float:
+    """Mean tokens per cycle of the real engine loop over the prompts (committed / cycles)."""
+    tokens = cycles = 0
+    for ids in prompts:
+        *_, summary = dflash_generate(target, draft, ids, max_new, draft.config.block_size, eos)
+        tokens += len(summary.tokens)
+        cycles += summary.cycles
+    return tokens / max(cycles, 1)
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def train(args, log=print) -> dict:
+    from mlx_lm.utils import load
+
+    t_start = time.time()
+    model, tokenizer = load(str(args.target))
+    model.set_dtype(mx.float32)  # stored in 16 bits; the engine runs float32 on CPU
+    model.eval()
+    model.freeze()
+    eos = set(tokenizer.eos_token_ids)
+    cfg = make_draft_config(model, tokenizer, args.layers, args.block_size, args.mask_token,
+                            args.intermediate, args.target_layers)
+    B = cfg.block_size
+    target = Target(model, cfg.target_layer_ids)
+    log(f"target {args.target}: {target.num_layers} layers; draft taps {cfg.target_layer_ids}, "
+        f"{args.layers} layer(s), block {B}, mask id {cfg.mask_token_id}")
+
+    texts, eval_texts = prompt_texts(args.data, args.seed, args.num_prompts)
+    eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens:] for t in eval_texts]
+    cache = Path(args.data_cache) if args.data_cache else None
+    if cache and cache.is_file():  # the same target's continuations, from an earlier run
+        saved = json.loads(cache.read_text())
+        prompts, responses = saved["prompts"], saved["responses"]
+        log(f"data: {len(prompts)} regenerated sequences from {cache}")
+    else:
+        rng = random.Random(args.seed)
+        chat = [rng.random() < args.chat_fraction for _ in texts]
+        prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens:] for t, c in zip(texts, chat)]
+        responses = regenerate(model, tokenizer, prompts, args.response_tokens, args.gen_batch, log)
+        if cache:
+            cache.write_text(json.dumps({"target": str(args.target), "prompts": prompts, "responses": responses}))
+    data = Sequences(prompts, responses, pad_id=min(eos))
+    t_data = time.time() - t_start
+    n_resp = int((data.end - data.start).sum())
+    log(f"data: {len(data)} sequences, {n_resp:,} response tokens, length {data.length}, {t_data:.0f}s")
+
+    mx.random.seed(args.seed)
+    draft = DraftModel(cfg)
+    init_from_target(draft, target)
+    n_params = sum(v.size for _, v in tree_flatten(draft.parameters()))
+    head = target.head
+    embed = target.embed
+    weights_k = mx.array([math.exp(-(k - 1) / loss_gamma(B)) for k in range(1, B)])
+
+    steps_per_epoch = math.ceil(len(data) / args.batch_size)
+    total = args.epochs * steps_per_epoch
+    opt = optim.AdamW(learning_rate=0.0, weight_decay=args.weight_decay)
+    state = [draft.state, opt.state]
+
+    def step(taps, block_embeds, anchors, seq_of_block, labels, weights):
+        loss, grads = nn.value_and_grad(draft, draft_loss)(
+            draft, head, taps, block_embeds, anchors, seq_of_block, labels, weights)
+        grads, _ = optim.clip_grad_norm(grads, 1.0)
+        opt.update(draft, grads)
+        return loss
+
+    if args.compile:
+        step = mx.compile(step, inputs=state, outputs=state)
+    nrng = np.random.default_rng(args.seed)
+    history, losses, t0, seen, i = [], [], time.time(), 0, 0
+    out = Path(args.out)
+
+    def evaluate(tag):
+        draft.eval()
+        tau = acceptance(target, draft, eval_prompts[: args.eval_prompts], args.eval_tokens, eos)
+        history.append({"step": i, "tau": round(tau, 3), "loss": round(float(np.mean(losses[-50:])), 4) if losses else None})
+        log(f"{tag}: step {i}/{total}, engine tokens per cycle {tau:.2f} on {min(len(eval_prompts), args.eval_prompts)} held-out prompts")
+        return tau
+
+    budget = args.minutes * 60 if args.minutes else None
+    done = False
+    for epoch in range(args.epochs):
+        order = nrng.permutation(len(data))
+        for s in range(steps_per_epoch):
+            progress = (time.time() - t0) / budget if budget else i / total
+            if progress >= 1:
+                done = True
+                break
+            rows = order[s * args.batch_size : (s + 1) * args.batch_size]
+            anchors, valid = data.anchors(rows, args.anchors, B, nrng)
+            ids = data.ids[rows]
+            taps = tapped_hidden(target, mx.array(ids))
+            flat = anchors.reshape(-1)
+            seq_of_block = np.repeat(np.arange(len(rows)), args.anchors)
+            block_ids = np.full((len(flat), B), cfg.mask_token_id, dtype=np.int32)
+            block_ids[:, 0] = ids[seq_of_block, flat]
+            label_pos = flat[:, None] + np.arange(1, B)[None]
+            labels = ids[seq_of_block[:, None], np.minimum(label_pos, data.length - 1)]
+            weights = weights_k[None] * mx.array(valid.reshape(-1, 1).astype(np.float32))
+            opt.learning_rate = lr_at(progress, args.lr)
+            draft.train()
+            loss = step(taps, embed(mx.array(block_ids)), mx.array(flat), mx.array(seq_of_block),
+                        mx.array(labels), weights)
+            mx.eval(loss, state)
+            if i == 0:  # the schedule starts after the first step (graph compile, kernel JIT)
+                t0 = time.time()
+            losses.append(loss.item())
+            seen += int(valid.sum()) * B
+            i += 1
+            if i % args.log_every == 0:
+                el = time.time() - t0
+                log(f"epoch {epoch + 1} step {i}/{total} loss {np.mean(losses[-args.log_every:]):.3f} "
+                    f"lr {opt.learning_rate.item():.2e} {seen / el:,.0f} block tok/s {el:.0f}s")
+            if args.eval_every and i % args.eval_every == 0:
+                evaluate("eval")
+                save_draft(draft, out)
+        if done:
+            break
+    train_s = time.time() - t0
+    window = max(1, min(50, len(losses) // 4))  # loss at the start and at the end, smoothed
+    tau = evaluate("final")
+    save_draft(draft, out)
+    summary = {
+        "target": str(args.target), "layers": args.layers, "params": n_params, "block_size": B,
+        "target_layer_ids": cfg.target_layer_ids, "sequences": len(data), "response_tokens": n_resp,
+        "steps": i, "epochs_run": round(i / steps_per_epoch, 2), "data_seconds": round(t_data),
+        "train_seconds": round(train_s), "final_loss": round(float(np.mean(losses[-window:])), 4),
+        "first_loss": round(float(np.mean(losses[:window])), 4),
+        "eval_tau": round(tau, 3), "history": history,
+    }
+    (out / "training.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def add_arguments(p):
+    p.add_argument("--target", required=True, help="mlx-lm target model directory")
+    p.add_argument("--data", default="stdlib",
+                   help="'stdlib', a directory/file of source text, or a .jsonl of {\"prompt\": ...}")
+    p.add_argument("--out", required=True, help="draft directory to write")
+    p.add_argument("--layers", type=int, default=1, help="draft layers")
+    p.add_argument("--intermediate", type=int, help="draft MLP size (default: the target's)")
+    p.add_argument("--target-layers", type=int, nargs="+",
+                   help="target layers whose hidden states the draft reads (default: the published spacing rule)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--mask-token", default="<|mask|>")
+    p.add_argument("--num-prompts", type=int, default=2000)
+    p.add_argument("--data-cache", help="JSON file: reuse the regenerated data if it exists, else write it")
+    p.add_argument("--chat-fraction", type=float, default=0.7, help="share of prompts in the chat template")
+    p.add_argument("--max-prompt-tokens", type=int, default=256)
+    p.add_argument("--response-tokens", type=int, default=256)
+    p.add_argument("--gen-batch", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per step")
+    p.add_argument("--anchors", type=int, default=64, help="anchors (blocks) per sequence per step")
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--minutes", type=float, help="train for this long at most (schedule by time)")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--eval-prompts", type=int, default=4)
+    p.add_argument("--eval-tokens", type=int, default=128)
+    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--seed", type=int, default=0)

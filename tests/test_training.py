@@ -1,0 +1,130 @@
+"""The trainers: train-target writes a loadable mlx-lm model; train-draft's loss falls and its
+checkpoint loads through the engine's loader and decodes exactly like plain greedy; the
+training forward is the inference forward."""
+import inspect
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from dflash_core.cli import main
+from dflash_core.draft import DraftContext
+from dflash_core.loading import load_draft, load_pair
+from dflash_core.train_draft import block_logits, tapped_hidden
+
+TINY_TARGET = ["--vocab-size", "512", "--hidden", "64", "--layers", "4", "--heads", "4",
+               "--kv-heads", "2", "--intermediate", "128", "--seq-len", "96", "--batch-size", "8",
+               "--steps", "30", "--eval-every", "10", "--log-every", "10", "--no-compile"]
+TINY_DRAFT = ["--num-prompts", "24", "--response-tokens", "48", "--max-prompt-tokens", "48",
+              "--batch-size", "4", "--anchors", "16", "--epochs", "8", "--lr", "3e-3",
+              "--eval-every", "0", "--eval-prompts", "2", "--eval-tokens", "24", "--log-every", "10",
+              "--no-compile"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    import collections, json as j, textwrap
+
+    root = tmp_path_factory.mktemp("corpus")
+    for m in (collections, j.decoder, textwrap):
+        (root / f"{m.__name__.replace('.', '_')}.py").write_text(inspect.getsource(m))
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus):
+    """A tiny target from train-target, and a draft for it from train-draft (both via the CLI)."""
+    root = tmp_path_factory.mktemp("trained")
+    target, draft = root / "target", root / "draft"
+    assert main(["train-target", "--out", str(target), "--corpus", str(corpus), *TINY_TARGET]) == 0
+    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(draft),
+                 "--layers", "1", *TINY_DRAFT]) == 0
+    return target, draft
+
+
+def test_train_target_writes_an_mlx_lm_model(trained):
+    from mlx_lm.utils import load
+
+    target, _ = trained
+    cfg = json.loads((target / "config.json").read_text())
+    for key in ("model_type", "rope_theta", "tie_word_embeddings", "eos_token_id"):
+        assert key in cfg
+    tok_cfg = json.loads((target / "tokenizer_config.json").read_text())
+    assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast" and tok_cfg["chat_template"]
+    assert {v.dtype for v in mx.load(str(target / "model.safetensors")).values()} == {mx.float16}
+    model, tokenizer = load(str(target))
+    assert set(tokenizer.eos_token_ids) == set(cfg["eos_token_id"])
+    assert (target / "README.md").read_text().startswith("# stdlib target")
+    summary = json.loads((target / "training.json").read_text())
+    assert summary["steps"] == 30 and np.isfinite(summary["heldout_loss"])
+
+
+def test_train_draft_loss_falls(trained):
+    summary = json.loads((trained[1] / "training.json").read_text())
+    assert summary["final_loss"] < 0.7 * summary["first_loss"], summary
+
+
+def test_draft_checkpoint_is_public_format_and_lossless(trained):
+    target, draft = trained
+    cfg = json.loads((draft / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"]
+    assert cfg["dflash_config"]["target_layer_ids"] and cfg["dflash_config"]["mask_token_id"] is not None
+    names = set(mx.load(str(draft / "model.safetensors")))
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"} <= names
+    assert all(n.split(".")[0] in {"fc", "hidden_norm", "norm", "layers"} for n in names)
+    pair = load_pair(str(target), str(draft))
+    for prompt in ("def fib(n):", "class Stack:\n    def push(self, item):"):
+        ids = pair.encode(prompt)
+        *_, ours = pair.dflash(ids, 40)
+        *_, ref = pair.baseline(ids, 40)
+        assert ours.tokens == ref.tokens
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_training_forward_equals_engine_forward(random_pairs, family):
+    """Many blocks at once with the block-sparse mask give the logits the engine's draft gives
+    one block at a time, and the training taps equal the engine's prefill taps."""
+    pair = random_pairs[family]
+    target, draft = pair.target, pair.draft
+    B, mask = draft.config.block_size, draft.config.mask_token_id
+    ids = [int(x) for x in np.random.default_rng(0).integers(5, 400, size=50)]
+    taps = tapped_hidden(target, mx.array([ids]))
+    engine_taps = []
+    target.prefill(ids, on_taps=engine_taps.append)
+    for got, want in zip(taps, zip(*engine_taps)):
+        assert mx.allclose(got, mx.concatenate(want, axis=1), atol=1e-4)
+    anchors = [7, 21, 33]
+    blocks = np.full((len(anchors), B), mask, dtype=np.int32)
+    blocks[:, 0] = [ids[a] for a in anchors]
+    many = block_logits(draft, target.head, taps, target.embed(mx.array(blocks)),
+                        mx.array(anchors), mx.array([0] * len(anchors)))
+    for j, a in enumerate(anchors):
+        ctx = DraftContext(draft)
+        ctx.extend([h[:, :a] for h in taps])  # the committed positions before the anchor
+        one = target.head(draft(target.embed(mx.array(blocks[j]))[None], ctx.kv, ctx.length)[:, 1:])
+        assert mx.allclose(one[0], many[j], atol=1e-4)
+
+
+def test_train_draft_on_hybrid_target_is_lossless(tmp_path, random_dirs, corpus):
+    """GatedDeltaNet target: regeneration, taps and the trained draft through the GDN rollback."""
+    target, _ = random_dirs["qwen3_5"]
+    out = tmp_path / "draft"
+    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
+                 *TINY_DRAFT[:-1], "--epochs", "2"]) == 0
+    pair = load_pair(str(target), str(out))
+    ids = pair.encode("import os\nfor name in os.listdir('.'):\n")
+    *_, ours = pair.dflash(ids, 32)
+    *_, ref = pair.baseline(ids, 32)
+    assert ours.tokens == ref.tokens
+
+
+def test_train_draft_bad_input_is_one_error_line(tmp_path, capsys, random_dirs):
+    assert main(["train-draft", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:")
+    target, _ = random_dirs["qwen3"]
+    assert main(["train-draft", "--target", str(target), "--out", str(tmp_path / "d"),
+                 "--target-layers", "99"]) == 2
+    assert "outside the target" in capsys.readouterr().err
