@@ -1,0 +1,59 @@
+"""The pairs shipped in assets/models load offline and decode exactly like plain greedy."""
+import json
+import subprocess
+import sys
+
+import mlx.core as mx
+import pytest
+
+from dflash_core.loading import ASSETS, SHIPPED, load_pair
+
+MAX_WEIGHTS_MB = 48
+
+
+def test_shipped_weights_fit_the_budget():
+    files = list(ASSETS.rglob("*.safetensors"))
+    assert files
+    assert sum(f.stat().st_size for f in files) <= MAX_WEIGHTS_MB * 2**20
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_shipped_pair_files(name):
+    target_dir, draft_dir = SHIPPED[name]
+    for d in (target_dir, draft_dir):
+        assert (d / "README.md").is_file() and (d / "config.json").is_file()
+    tok_cfg = json.loads((target_dir / "tokenizer_config.json").read_text())
+    assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+    draft_cfg = json.loads((draft_dir / "config.json").read_text())
+    assert draft_cfg["architectures"] == ["DFlashDraftModel"]
+    names = set(mx.load(str(draft_dir / "model.safetensors")))
+    assert all(n.split(".")[0] in {"fc", "hidden_norm", "norm", "layers"} for n in names)
+    prompts = json.loads((target_dir / "eval_prompts.json").read_text())
+    assert prompts["heldout"] and prompts["train"]
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_shipped_pair_is_lossless_and_accepts_drafts(name):
+    """Held-out prompts (files the target never saw): DFlash output == plain greedy, and the
+    trained draft gets more than one token per cycle (a broken draft or a train/inference
+    mismatch gives ~1.0)."""
+    pair = load_pair(name)
+    prompts = json.loads((SHIPPED[name][0] / "eval_prompts.json").read_text())["heldout"][:3]
+    tokens = cycles = 0
+    for prompt in prompts:
+        ids = pair.encode(prompt)
+        *_, ours = pair.dflash(ids, 64)
+        *_, ref = pair.baseline(ids, 64)
+        assert ours.tokens == ref.tokens
+        tokens, cycles = tokens + len(ours.tokens), cycles + ours.cycles
+    assert tokens / cycles > 1.2
+
+
+def test_shipped_pairs_load_offline(tmp_path):
+    """A fresh interpreter with HF_HUB_OFFLINE=1 and an empty HF cache loads both pairs."""
+    code = ("import dflash_core; from dflash_core.loading import load_pair, SHIPPED\n"
+            "for n in SHIPPED: p = load_pair(n); print(n, p.target.num_layers, p.target.hybrid)")
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "stdlib-coder 6 False" in out.stdout and "stdlib-hybrid 4 True" in out.stdout
