@@ -12,7 +12,8 @@ for fam in qwen3 qwen3_5 llama; do
   for b in 16 5; do
     $py -m dflash_core generate --model /tmp/rnd/$fam-target --draft /tmp/rnd/$fam-draft \
       --prompt "def parse(line):" --max-tokens 64 --block-size $b --json --compare-baseline \
-      | $py -c "import json,sys; r=json.load(sys.stdin); print('$fam', $b, 'identical', r['identical'])"
+      | $py -c "import json,sys; r=json.load(sys.stdin); print('$fam', $b, 'identical', r['identical'], r['first_divergence'])" \
+      || echo "$fam $b: generate failed"
   done
 done | tee "$out/lossless.txt"
 # 2. the shipped pairs, with the oracle ceiling
