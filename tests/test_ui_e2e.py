@@ -44,7 +44,7 @@ def test_run_shows_both_engines_and_identical_output(served, client):
     assert sum(e["accepted_len"] for e in dflash["events"]) == dflash["summary"]["accepted_tokens"] > 0
     # the baseline pane and the DFlash pane's committed tokens show the same text
     committed = re.findall(r'<span class="tok tok-(?:target|accepted)[^"]*" title="[^"]*">(.*?)</span>(?=<span class="(?:tok|cycle)|</span>)',
-                           out["d_out"])
+                           out["d_out"], flags=re.DOTALL)
     assert visible_text("".join(committed)) == visible_text(out["b_out"])
     assert "decode speedup" in out["speedup"] and "Cycle" in out["inspector"]
     assert out["slider"]["maximum"] == len(dflash["events"]) - 1
