@@ -15,6 +15,7 @@ import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 from ui import build_app  # noqa: E402
+from ui.app import example_prompts  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -25,7 +26,8 @@ def main():
     p.add_argument("--model")
     p.add_argument("--draft")
     p.add_argument("--max-tokens", type=int, default=160)
-    p.add_argument("--prompt", help="default: the first example prompt")
+    p.add_argument("--prompt", help="default: the LRUCache example (index 1), which the shipped draft "
+                   "predicts well enough to show long accepted runs")
     p.add_argument("--out", default=str(ROOT / "docs"))
     a = p.parse_args()
     demo, kwargs = build_app(a.model, a.draft)
@@ -40,14 +42,13 @@ def main():
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             page.goto(f"{url}&__theme={theme}")
             expect(page.locator("#prompt textarea")).not_to_have_value("", timeout=30_000)
-            if a.prompt:
-                page.locator("#prompt textarea").fill(a.prompt)
+            page.locator("#prompt textarea").fill(a.prompt or example_prompts()[1])
             page.locator("#run").click()
             expect(page.locator("#lossless .v")).not_to_contain_text("lossless check runs", timeout=600_000)
             page.wait_for_timeout(14_000)  # the race replay finishes (3-12 s)
             if theme == "light":  # controls, verdict, both panes
-                bottom = page.locator("#dflash-tokens").bounding_box()
-                clip = {"x": 0, "y": 0, "width": 1360, "height": bottom["y"] + bottom["height"] + 70}
+                bottom = page.locator("#all-rejected").bounding_box()
+                clip = {"x": 0, "y": 0, "width": 1360, "height": bottom["y"] + bottom["height"] + 16}
             else:  # race, charts and the cycle inspector
                 top = page.locator("#race").bounding_box()["y"] - 60
                 end = page.locator("#inspector").bounding_box()

@@ -116,6 +116,7 @@ def test_whitespace_is_visible_and_readable():
     assert "tok-blank" in spans[2][0] and spans[2][2] == "    "  # spaces-only token stays visible
     assert spans[3][2] == "⇥" and "tok-rejected" in spans[3][0]  # a rejected tab: mark only, inline
     assert render.show_text("a\nb", inline=True).count("\n") == 0
+    assert render.show_text(" x", inline=True) == '<span class="ws">␣</span>x'  # a proposal's space shows
 
 
 def test_pieces_join_to_the_decoded_text_across_split_characters():

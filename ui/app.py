@@ -393,10 +393,9 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                         "DFlash · draft a block, verify in one pass</div>")
                 ui["d_stats"] = gr.HTML(render.stats_html(0, 0.0, 0.0, render.dflash_extra()), elem_id="dflash-stats")
                 ui["d_out"] = gr.HTML(render.dflash_tokens_html([], [], str), elem_id="dflash-tokens")
-                with gr.Row(equal_height=True):
-                    gr.HTML(render.LEGEND)
-                    all_rejected = gr.Checkbox(False, label=f"show every rejected draft (else the first {MAX_REJECTED_SHOWN})",
-                                               elem_id="all-rejected", scale=0, min_width=220)
+                gr.HTML(render.LEGEND)
+                all_rejected = gr.Checkbox(False, label=f"Show every rejected draft token (else the first "
+                                           f"{MAX_REJECTED_SHOWN} per cycle)", elem_id="all-rejected")
         with gr.Accordion("Race replay: both engines on one clock", open=True):
             ui["race"] = gr.HTML(render.info_html("The race replay starts when both engines have finished."),
                                  elem_id="race")

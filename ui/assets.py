@@ -29,6 +29,7 @@ CSS = """
 .cursor::after { content: "▍"; animation: blink 1s steps(1) infinite; opacity: 0.7; }
 @keyframes blink { 50% { opacity: 0; } }
 .legend { font-size: 12px; opacity: 0.85; margin-top: 6px; line-height: 2; }
+.legend .muted { opacity: 0.75; }
 .legend .tok { margin: 0 3px 0 8px; padding: 1px 4px; }
 .stats { display: flex; gap: 8px; align-items: stretch; flex-wrap: wrap; margin-bottom: 6px; }
 .stat { flex: 1 1 70px; padding: 6px 10px; border-radius: 8px; border: 1px solid var(--border-color-primary);
@@ -70,6 +71,7 @@ CSS = """
 .inspector th, .inspector td { border: 1px solid var(--border-color-primary); padding: 3px 5px; text-align: center; }
 .inspector th.rowh { text-align: left; white-space: nowrap; font-weight: 600; }
 .inspector td code { white-space: pre; font-size: 12px; background: none; padding: 0; }
+.inspector .ws, .explain .ws { opacity: 0.75; }
 .inspector td.staged { background: rgba(99, 102, 241, 0.22); }
 .inspector td.mask { opacity: 0.5; }
 .inspector td.acc { background: rgba(16, 185, 129, 0.2); }

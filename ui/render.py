@@ -47,10 +47,13 @@ def token_pieces(decode, ids: list) -> list:
 
 def show_text(text: str, inline: bool = False) -> str:
     """Escaped text with whitespace made visible: a newline shows a faint return mark (and breaks
-    the line unless `inline`), a tab an arrow. Spaces stay spaces (the panes use pre-wrap)."""
+    the line unless `inline`), a tab an arrow. Spaces stay spaces in running text (the panes use
+    pre-wrap); `inline` text (a rejected draft, a table cell) shows them as ␣."""
     out = []
     for ch in text:
-        if ch == "\n":
+        if ch == " " and inline:
+            out.append('<span class="ws">␣</span>')
+        elif ch == "\n":
             out.append('<span class="ws">↵</span>' + ("" if inline else "\n"))
         elif ch == "\t":
             out.append('<span class="ws">⇥</span>' + ("" if inline else "\t"))
@@ -112,11 +115,12 @@ def dflash_tokens_html(cycles: list, pieces: list, draft_text, max_rejected=None
 
 
 LEGEND = (
-    '<div class="legend">'
-    '<span class="tok tok-target">staged</span> the target\'s own token (one per cycle) '
-    '<span class="tok tok-accepted">accepted</span> draft tokens the target agreed with '
-    '<span class="tok tok-rejected">rejected</span> draft tokens after the first disagreement '
-    '<span class="ws">↵</span> newline · hover a token for its cycle and block position'
+    '<div class="legend"><div>'
+    '<span class="tok tok-target">staged</span> the target\'s own token, one per cycle'
+    '<span class="tok tok-accepted">accepted</span> draft tokens the target agreed with'
+    '<span class="tok tok-rejected">rejected</span> draft tokens after the first disagreement</div>'
+    '<div class="muted"><span class="ws">↵</span> newline · <span class="ws">␣</span> space in a draft · '
+    "a thin bar ends each cycle · hover a token for its cycle, block position and accepted length</div>"
     "</div>"
 )
 
