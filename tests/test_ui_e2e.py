@@ -2,6 +2,7 @@
 import json
 import re
 import threading
+import time
 from html import unescape
 
 import pytest
@@ -144,6 +145,7 @@ def test_stop_button_keeps_what_was_generated(served, client):
     job = client.submit(PROMPT, served[1], 256, 2, False, api_name="/run")
     while not any("tok-target" in str(o) for o in job.outputs()):  # DFlash has started
         assert not job.done(), "the run ended before Stop could be pressed"
+        time.sleep(0.02)
     client.predict(api_name="/stop")  # the same client: the same browser session
     out = dict(zip(OUTPUTS, job.result()))
     assert "stopped" in out["status"] and "cancelled" in out["d_stats"]
