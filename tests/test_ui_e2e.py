@@ -125,10 +125,7 @@ def test_engines_run_one_after_the_other_on_the_worker_and_divergence_is_reporte
 def test_stop_ends_within_a_cycle_and_keeps_the_text(served):
     """Stop during DFlash: the engine ends at its next cycle, what was generated stays, and the
     verdict compares only the tokens both engines produced."""
-    from ui.models import Catalogue
-
-    catalogue = served[2].playground.catalogue
-    pair = catalogue.get(served[1])
+    pair = served[2].playground.catalogue.get(served[1])
     ids = pair.encode(PROMPT, chat_template=False)
     stop = threading.Event()
     run_ = Comparison(pair.name, PROMPT, ids, 200, 4, False)
