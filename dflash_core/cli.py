@@ -2,6 +2,7 @@
 registers its arguments and sets `func=run`; bad input is one `error: ...` line and exit 2."""
 import argparse
 import importlib
+import os
 import sys
 
 from .errors import DFlashError
@@ -10,13 +11,17 @@ from .errors import DFlashError
 COMMANDS = ["generate", "serve", "benchmark", "models", "doctor", "train-target", "train-draft"]
 
 
+# `dflash ...` when installed with pip, `python -m dflash_core ...` from a clone
+PROG = "dflash" if os.path.basename(sys.argv[0]) == "dflash" else "python -m dflash_core"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        raise DFlashError(f"{message} (see `python -m dflash_core {self.prog.split()[-1]} --help`)")
+        raise DFlashError(f"{message} (see `{self.prog} --help`)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m dflash_core", description=__doc__.splitlines()[0])
+    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMANDS:
         importlib.import_module(f".commands.{name.replace('-', '_')}", __package__).add_parser(sub)
