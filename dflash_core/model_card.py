@@ -20,7 +20,7 @@ source, so the playground runs with no download. It writes Python-looking code, 
   ChatML template.
 - Data: {s['train_files']} `*.py` files of the Python {s['python']} standard library (`{s['corpus']}`,
   test suites excluded), {s['corpus_tokens']:,} tokens; {s['heldout_files']} files (1 in 20 by a hash of the
-  path) held out. Half the samples are raw 512-token windows, half chat turns whose user message is
+  path) held out. Half the samples are raw {s['seq_len']}-token windows, half chat turns whose user message is
   1-12 top-level lines of a file and whose reply is the code that follows.
 - Training: {s['steps']} AdamW steps, {s['tokens']:,} tokens, {s['train_seconds']} s on one NVIDIA H200
   (MLX CUDA, float32), started {s['started']}. Final train loss {s['final_train_loss']},

@@ -30,7 +30,7 @@ from .draft import DraftConfig, DraftModel, default_target_layer_ids
 from .engine import dflash_generate
 from .errors import DFlashError
 from .target import Target
-from .train_target import lr_at, read_corpus, stdlib_dir, top_level_prompts
+from .train_target import lr_at, progress_bar, read_corpus, stdlib_dir, top_level_prompts
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -251,10 +251,10 @@ def make_draft_config(model, tokenizer, layers: int, block_size: int, mask_token
     )
 
 
-def init_from_target(draft: DraftModel, target: Target):
+def init_from_target(draft: DraftModel, model):
     """Start the output norm from the target's final norm: the draft's hidden state goes through
     the target's LM head, which was trained on that norm's scale."""
-    draft.norm.weight = target.inner.norm.weight.astype(mx.float32)
+    draft.norm.weight = Target.text_model(model).norm.weight.astype(mx.float32)
 
 
 def save_draft(draft: DraftModel, out: Path, dtype=mx.float16):
@@ -287,12 +287,23 @@ def train(args, log=print) -> dict:
     model.eval()
     model.freeze()
     eos = set(tokenizer.eos_token_ids)
-    cfg = make_draft_config(model, tokenizer, args.layers, args.block_size, args.mask_token,
-                            args.intermediate, args.target_layers)
+    if args.resume:  # continue from an earlier checkpoint: its shape, taps and mask id
+        from .loading import check_fit, load_draft
+
+        draft = load_draft(Path(args.resume))
+        draft.set_dtype(mx.float32)
+        check_fit(model, draft, len(model.layers))
+        cfg = draft.config
+    else:
+        cfg = make_draft_config(model, tokenizer, args.layers, args.block_size, args.mask_token,
+                                args.intermediate, args.target_layers)
+        mx.random.seed(args.seed)
+        draft = DraftModel(cfg)
+        init_from_target(draft, model)
     B = cfg.block_size
     target = Target(model, cfg.target_layer_ids)
     log(f"target {args.target}: {target.num_layers} layers; draft taps {cfg.target_layer_ids}, "
-        f"{args.layers} layer(s), block {B}, mask id {cfg.mask_token_id}")
+        f"{cfg.num_hidden_layers} layer(s), block {B}, mask id {cfg.mask_token_id}")
 
     texts, eval_texts = prompt_texts(args.data, args.seed, args.num_prompts)
     eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens:] for t in eval_texts]
@@ -313,13 +324,19 @@ def train(args, log=print) -> dict:
     n_resp = int((data.end - data.start).sum())
     log(f"data: {len(data)} sequences, {n_resp:,} response tokens, length {data.length}, {t_data:.0f}s")
 
-    mx.random.seed(args.seed)
-    draft = DraftModel(cfg)
-    init_from_target(draft, target)
     n_params = sum(v.size for _, v in tree_flatten(draft.parameters()))
     head = target.head
     embed = target.embed
     weights_k = mx.array([math.exp(-(k - 1) / loss_gamma(B)) for k in range(1, B)])
+
+    cached_taps = None
+    if args.cache_taps:  # the target is frozen: its taps can be computed once for all epochs
+        chunks = []
+        for r in range(0, len(data), 64):
+            chunks.append(tapped_hidden(target, mx.array(data.ids[r : r + 64])))
+            mx.eval(chunks[-1])
+        cached_taps = [mx.concatenate([c[k] for c in chunks]) for k in range(len(cfg.target_layer_ids))]
+        log(f"cached the target's taps for {len(data)} sequences")
 
     steps_per_epoch = math.ceil(len(data) / args.batch_size)
     total = args.epochs * steps_per_epoch
@@ -340,7 +357,6 @@ def train(args, log=print) -> dict:
     out = Path(args.out)
 
     def evaluate(tag):
-        draft.eval()
         tau = acceptance(target, draft, eval_prompts[: args.eval_prompts], args.eval_tokens, eos)
         history.append({"step": i, "tau": round(tau, 3), "loss": round(float(np.mean(losses[-50:])), 4) if losses else None})
         log(f"{tag}: step {i}/{total}, engine tokens per cycle {tau:.2f} on {min(len(eval_prompts), args.eval_prompts)} held-out prompts")
@@ -358,7 +374,10 @@ def train(args, log=print) -> dict:
             rows = order[s * args.batch_size : (s + 1) * args.batch_size]
             anchors, valid = data.anchors(rows, args.anchors, B, nrng)
             ids = data.ids[rows]
-            taps = tapped_hidden(target, mx.array(ids))
+            if cached_taps is None:
+                taps = tapped_hidden(target, mx.array(ids))
+            else:
+                taps = [t[mx.array(rows)] for t in cached_taps]
             flat = anchors.reshape(-1)
             seq_of_block = np.repeat(np.arange(len(rows)), args.anchors)
             block_ids = np.full((len(flat), B), cfg.mask_token_id, dtype=np.int32)
@@ -367,7 +386,6 @@ def train(args, log=print) -> dict:
             labels = ids[seq_of_block[:, None], np.minimum(label_pos, data.length - 1)]
             weights = weights_k[None] * mx.array(valid.reshape(-1, 1).astype(np.float32))
             opt.learning_rate = lr_at(progress, args.lr)
-            draft.train()
             loss = step(taps, embed(mx.array(block_ids)), mx.array(flat), mx.array(seq_of_block),
                         mx.array(labels), weights)
             mx.eval(loss, state)
@@ -377,8 +395,8 @@ def train(args, log=print) -> dict:
             seen += int(valid.sum()) * B
             i += 1
             if i % args.log_every == 0:
-                el = time.time() - t0
-                log(f"epoch {epoch + 1} step {i}/{total} loss {np.mean(losses[-args.log_every:]):.3f} "
+                el = max(time.time() - t0, 1e-3)
+                log(f"{progress_bar(progress)} epoch {epoch + 1} step {i} loss {np.mean(losses[-args.log_every:]):.3f} "
                     f"lr {opt.learning_rate.item():.2e} {seen / el:,.0f} block tok/s {el:.0f}s")
             if args.eval_every and i % args.eval_every == 0:
                 evaluate("eval")
@@ -390,7 +408,7 @@ def train(args, log=print) -> dict:
     tau = evaluate("final")
     save_draft(draft, out)
     summary = {
-        "target": str(args.target), "layers": args.layers, "params": n_params, "block_size": B,
+        "target": str(args.target), "layers": cfg.num_hidden_layers, "params": n_params, "block_size": B,
         "target_layer_ids": cfg.target_layer_ids, "sequences": len(data), "response_tokens": n_resp,
         "steps": i, "epochs_run": round(i / steps_per_epoch, 2), "data_seconds": round(t_data),
         "train_seconds": round(train_s), "final_loss": round(float(np.mean(losses[-window:])), 4),
@@ -411,6 +429,9 @@ def add_arguments(p):
     p.add_argument("--target-layers", type=int, nargs="+",
                    help="target layers whose hidden states the draft reads (default: the published spacing rule)")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--cache-taps", action="store_true",
+                   help="compute the target's hidden states once and keep them (memory: sequences x length x hidden x taps)")
+    p.add_argument("--resume", help="draft directory to continue training from (its config wins)")
     p.add_argument("--mask-token", default="<|mask|>")
     p.add_argument("--num-prompts", type=int, default=2000)
     p.add_argument("--data-cache", help="JSON file: reuse the regenerated data if it exists, else write it")

@@ -213,6 +213,11 @@ def save_model(model, cfg: dict, out: Path, dtype=mx.float16):
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
+def progress_bar(progress: float, width: int = 20) -> str:
+    done = int(min(max(progress, 0.0), 1.0) * width)
+    return f"[{'#' * done}{'.' * (width - done)}] {100 * min(progress, 1.0):3.0f}%"
+
+
 def lr_at(progress: float, peak: float, warmup: float = 0.04, floor: float = 0.1) -> float:
     """Linear warm-up, then cosine decay to floor * peak; progress in [0, 1]."""
     if progress < warmup:
@@ -277,8 +282,8 @@ def train(args, log=print) -> dict:
         losses.append(loss.item())
         i += 1
         if i % args.log_every == 0:
-            el = time.time() - t0
-            log(f"step {i} loss {sum(losses[-args.log_every:]) / args.log_every:.3f} "
+            el = max(time.time() - t0, 1e-3)
+            log(f"{progress_bar(progress)} step {i} loss {sum(losses[-args.log_every:]) / args.log_every:.3f} "
                 f"lr {opt.learning_rate.item():.2e} {seen / el:,.0f} tok/s {el:.0f}s")
         if args.eval_every and i % args.eval_every == 0:
             val = evaluate()
@@ -308,7 +313,8 @@ def train(args, log=print) -> dict:
         "train_seconds": round(train_s), "total_seconds": round(time.time() - t_start),
         "final_train_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4),
         "heldout_loss": round(val, 4), "corpus": str(root), "corpus_tokens": maker.num_tokens,
-        "train_files": len(train_docs), "heldout_files": len(heldout_docs), "config": cfg,
+        "train_files": len(train_docs), "heldout_files": len(heldout_docs), "seq_len": args.seq_len,
+        "config": cfg,
     }
 
 
