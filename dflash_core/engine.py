@@ -124,18 +124,17 @@ def baseline_generate(
     max_tokens: int,
     eos_ids: set,
     should_stop: Callable[[], bool] = lambda: False,
+    sampler: Optional[Callable] = None,
 ) -> Iterator:
-    """Plain greedy decoding through mlx-lm's own generate_step. Yields TokenEvents, then a
-    RunSummary."""
+    """Plain decoding through mlx-lm's own generate_step: greedy (the baseline) unless a sampler
+    is given (the server's temperature > 0 path). Yields TokenEvents, then a RunSummary."""
     mx.reset_peak_memory()
     tokens, stop = [], "max_tokens"
     t_start = time.perf_counter()
     t0 = None
-    steps = generate_step(
-        mx.array(prompt_ids), model, max_tokens=max_tokens,
-        sampler=lambda logprobs: mx.argmax(logprobs, axis=-1),
-    )
-    for tok, _ in steps:
+    greedy = sampler is None
+    sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))
+    for tok, _ in generate_step(mx.array(prompt_ids), model, max_tokens=max_tokens, sampler=sampler):
         t = time.perf_counter()
         t0 = t0 or t
         tokens.append(tok)
@@ -149,7 +148,7 @@ def baseline_generate(
     t_end = time.perf_counter()
     t0 = t0 or t_end
     yield RunSummary(
-        engine="baseline",
+        engine="baseline" if greedy else "sampling",
         prompt_tokens=len(prompt_ids),
         tokens=tokens,
         prefill_s=t0 - t_start,

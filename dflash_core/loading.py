@@ -1,6 +1,5 @@
 """The one loader: resolve a local directory or hub id, load target and draft, check they fit."""
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -20,14 +20,14 @@ import mlx.core as mx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from .engine import baseline_generate
 from .errors import DFlashError
-from .events import CycleEvent, RunSummary, TokenEvent
+from .events import CycleEvent, RunSummary
 from .worker import default_worker
 
 DEFAULT_MAX_TOKENS = 256  # when a request gives none (clipped to the room left in the context)
@@ -160,29 +160,11 @@ class Metrics:
 # --- generation ------------------------------------------------------------------------------
 
 def sample_generate(model, prompt_ids, max_tokens, eos_ids, temperature, top_p, seed, should_stop):
-    """Plain sampling through mlx-lm (the temperature > 0 path). TokenEvents, then a RunSummary.
-    Runs on the worker thread."""
+    """Plain sampling through mlx-lm (the temperature > 0 path). Runs on the worker thread."""
     if seed is not None:
         mx.random.seed(seed)
-    mx.reset_peak_memory()
     sampler = make_sampler(temp=temperature, top_p=top_p or 0.0)
-    tokens, stop = [], "max_tokens"
-    t_start = time.perf_counter()
-    t0 = None
-    for tok, _ in generate_step(mx.array(prompt_ids), model, max_tokens=max_tokens, sampler=sampler):
-        t0 = t0 or time.perf_counter()
-        tokens.append(tok)
-        yield TokenEvent(index=len(tokens) - 1, token=tok, t=time.perf_counter() - t0)
-        if tok in eos_ids:
-            stop = "eos"
-            break
-        if should_stop():
-            stop = "cancelled"
-            break
-    t_end = time.perf_counter()
-    t0 = t0 or t_end
-    yield RunSummary(engine="sampling", prompt_tokens=len(prompt_ids), tokens=tokens, prefill_s=t0 - t_start,
-                     decode_s=t_end - t0, stop_reason=stop, peak_memory_mb=mx.get_peak_memory() / 2**20)
+    return baseline_generate(model, prompt_ids, max_tokens, eos_ids, should_stop, sampler=sampler)
 
 
 def _held_back(text: str, stops: list) -> int:
