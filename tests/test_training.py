@@ -108,11 +108,14 @@ def test_training_forward_equals_engine_forward(random_pairs, family):
 
 
 def test_train_draft_on_hybrid_target_is_lossless(tmp_path, random_dirs, corpus):
-    """GatedDeltaNet target: regeneration, taps and the trained draft through the GDN rollback."""
+    """A random GatedDeltaNet target: regeneration, taps, falling loss, and the trained draft
+    through the GDN rollback."""
     target, _ = random_dirs["qwen3_5"]
     out = tmp_path / "draft"
     assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
                  *TINY_DRAFT[:-1], "--epochs", "2"]) == 0
+    summary = json.loads((out / "training.json").read_text())
+    assert summary["final_loss"] < summary["first_loss"], summary
     pair = load_pair(str(target), str(out))
     ids = pair.encode("import os\nfor name in os.listdir('.'):\n")
     *_, ours = pair.dflash(ids, 32)
