@@ -130,8 +130,9 @@ class Target:
         self.cache = make_prompt_cache(self.model)
         self._tapes = None
 
-    def _forward(self, ids: list, tape_gdn: bool):
-        """Hidden -> (normed final hidden, [tapped hidden states in tap_ids order])."""
+    def _recorded(self, ids: mx.array, cache, tape_gdn: bool):
+        """Run the text model on ids (batch, length) while the wrappers record; returns the
+        normed final hidden, the recorder."""
         global _ACTIVE
         rec = _Recorder()
         rec.hidden = {}
@@ -139,15 +140,26 @@ class Target:
             rec.conv, rec.gdn = [], []
         _ACTIVE = rec
         try:
-            h = self.inner(mx.array(ids)[None], cache=self.cache)
+            h = self.inner(ids, cache=cache)
         finally:
             _ACTIVE = None
+        return h, rec
+
+    def _forward(self, ids: list, tape_gdn: bool):
+        """(normed final hidden, [tapped hidden states in tap_ids order]) through the cache."""
+        h, rec = self._recorded(mx.array(ids)[None], self.cache, tape_gdn)
         self._tapes = (
             [GDNTape(c, args, kw) for c, (args, kw) in zip(rec.conv, rec.gdn)]
             if rec.gdn is not None
             else None
         )
         return h, [rec.hidden[i] for i in self.tap_ids]
+
+    def sequence_taps(self, ids: mx.array) -> list:
+        """Tapped hidden states of whole sequences (batch, length), without the cache: what the
+        draft trainer reads, recorded exactly as prefill and verify record them."""
+        _, rec = self._recorded(ids, None, False)
+        return [rec.hidden[i] for i in self.tap_ids]
 
     def prefill(self, ids: list, on_taps=None):
         """Feed the prompt, chunked; the last token alone (as mlx-lm does), so its logits match

@@ -25,7 +25,6 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 
-from . import target as target_mod
 from .draft import DraftConfig, DraftModel, default_target_layer_ids
 from .engine import dflash_generate
 from .errors import DFlashError
@@ -164,14 +163,7 @@ class Sequences:
 def tapped_hidden(target: Target, ids: mx.array) -> list:
     """The target's hidden states at the draft's tap layers for a batch (B, L), no cache: the
     same recording the engine's Target does during prefill and verify."""
-    rec = target_mod._Recorder()
-    rec.hidden = {}
-    target_mod._ACTIVE = rec
-    try:
-        target.inner(ids)
-    finally:
-        target_mod._ACTIVE = None
-    return [mx.stop_gradient(rec.hidden[i]) for i in target.tap_ids]
+    return [mx.stop_gradient(h) for h in target.sequence_taps(ids)]
 
 
 def block_attention(attn, x, ctx_k, ctx_v, positions, mask):
