@@ -412,7 +412,7 @@ def train(args, log=print) -> dict:
 
 
 def add_arguments(p):
-    p.add_argument("--target", required=True, help="mlx-lm target model directory")
+    p.add_argument("--target", required=True, help="mlx-lm target: local directory or Hugging Face hub id")
     p.add_argument("--data", default="stdlib",
                    help="'stdlib', a directory/file of source text, or a .jsonl of {\"prompt\": ...}")
     p.add_argument("--out", required=True, help="draft directory to write")

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from .. import train_draft
 from ..errors import DFlashError
+from ..loading import resolve
 from ..model_card import draft_card
 
 
@@ -15,6 +16,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    args.target = str(resolve(args.target, "target"))  # a local directory or a hub id
     if not (Path(args.target) / "config.json").is_file():
         raise DFlashError(f"--target '{args.target}' is not an mlx-lm model directory (no config.json)")
     if not 2 <= args.block_size <= 64:
