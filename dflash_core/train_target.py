@@ -21,7 +21,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .tokenizer import CHAT_TEMPLATE, EOS, IM_END, IM_START, save_tokenizer, train_bpe
+from .tokenizer import EOS, IM_END, IM_START, save_tokenizer, train_bpe
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
 HELDOUT_EVERY = 20  # one file in 20 (by a hash of its path) is never trained on
