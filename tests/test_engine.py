@@ -166,3 +166,22 @@ def test_rollback_equals_running_only_the_accepted_tokens(random_pairs, kept):
         else:
             for x, y in zip(a.cache, b.cache):
                 np.testing.assert_allclose(np.array(x), np.array(y), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_quantized_target_is_lossless(random_dirs, family):
+    """4-bit targets (how community MLX conversions ship) keep quantized embeddings and heads."""
+    import mlx.nn as nn
+
+    from dflash_core.loading import check_fit, load_pair
+
+    pair = load_pair(*map(str, random_dirs[family]))
+    nn.quantize(pair.model, group_size=32, bits=4)
+    check_fit(pair.model, pair.draft, len(pair.model.layers))
+    pair.target = Target(pair.model, pair.draft.config.target_layer_ids)
+    assert type(pair.target.inner.embed_tokens).__name__ == "QuantizedEmbedding"
+    for prompt in PROMPTS[:2]:
+        ids = pair.encode(prompt, chat_template=False)
+        _, base = run(pair.baseline(ids, 40))
+        _, ours = run(pair.dflash(ids, 40, 8))
+        assert ours.tokens == base.tokens
