@@ -25,3 +25,26 @@ def positive_int(text: str) -> int:
         import argparse
 
         raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+
+
+def save_training_record(out, command: str, summary: dict, card) -> None:
+    """training.json + the model card README.md, with the exact command that made them."""
+    import json
+    from pathlib import Path
+
+    argv = sys.argv[1:]  # this command's own arguments, through the CLI or run as a module
+    argv = argv[argv.index(command) + 1 :] if command in argv else argv
+    summary["command"] = f"python -m dflash_core {command} " + " ".join(argv)
+    out = Path(out)
+    (out / "training.json").write_text(json.dumps(summary, indent=1))
+    (out / "README.md").write_text(card(summary))
+
+
+def run_standalone(module: str, add_arguments, run) -> None:
+    """`python -m dflash_core.commands.X`: one command without the CLI's others (e.g. on a bare
+    GPU machine that lacks the server's packages)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"python -m {module}")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))
