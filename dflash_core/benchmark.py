@@ -21,7 +21,7 @@ def _last(events):
 
 def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, block_size: int = None,
                   chat_template: bool = False, oracle: bool = False, sweep: list = (), log=print) -> dict:
-    block_size = block_size or pair.block_size
+    block_size = pair.block_size if block_size is None else block_size
     encoded = [pair.encode(p, chat_template) for p in prompts]
     for ids in encoded:
         pair.check_request(ids, max_tokens, block_size)

@@ -82,6 +82,14 @@ def _load_weights(files: list) -> dict:
     return weights
 
 
+def _ready(module):
+    """Compute dtype (float32 on CPU, see backend) and the weights read now, not mid-generation."""
+    if backend.compute_dtype() is not None:
+        module.set_dtype(backend.compute_dtype())
+    mx.eval(module.parameters())
+    return module
+
+
 def load_target(path: Path):
     """(model, tokenizer, config) through mlx-lm, in float32 on the CPU backend."""
     from mlx_lm.utils import load_model, load_tokenizer
@@ -98,10 +106,7 @@ def load_target(path: Path):
         raise
     except Exception as e:
         raise DFlashError(f"could not load target from '{path}': {type(e).__name__}: {e}".splitlines()[0]) from None
-    if backend.compute_dtype() is not None:
-        model.set_dtype(backend.compute_dtype())
-    mx.eval(model.parameters())
-    return model, tokenizer, config
+    return _ready(model), tokenizer, config
 
 
 def load_draft(path: Path) -> DraftModel:
@@ -123,10 +128,7 @@ def load_draft(path: Path) -> DraftModel:
         draft.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
         raise DFlashError(f"draft weights in '{path}' do not match its config.json: {e}".splitlines()[0]) from None
-    if backend.compute_dtype() is not None:
-        draft.set_dtype(backend.compute_dtype())
-    mx.eval(draft.parameters())
-    return draft
+    return _ready(draft)
 
 
 def check_fit(model, draft: DraftModel, num_target_layers: int):
@@ -199,7 +201,7 @@ class Pair:
 
     def dflash(self, prompt_ids, max_tokens, block_size=None, should_stop=lambda: False, draft_fn=None):
         """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread."""
-        block_size = block_size or self.block_size
+        block_size = self.block_size if block_size is None else block_size
         self.check_request(prompt_ids, max_tokens, block_size)
         return dflash_generate(self.target, self.draft, prompt_ids, max_tokens, block_size,
                                self.eos_ids, should_stop, draft_fn)

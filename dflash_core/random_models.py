@@ -10,6 +10,7 @@ from mlx.utils import tree_flatten
 
 from .draft import DraftConfig, DraftModel, default_target_layer_ids
 from .tokenizer import EOS, IM_END, MASK, save_tokenizer, train_bpe
+from .train_target import build_model, model_config
 
 FAMILIES = ("qwen3", "qwen3_5", "llama")
 # Real models' shapes, for measuring the machinery at scale with random weights (oracle drafts).
@@ -28,48 +29,22 @@ def _corpus() -> list:
 
 def target_config(family: str, vocab: int, eos: list, hidden=64, layers=4, tie=False,
                   intermediate=None, heads=4, kv_heads=2, head_dim=None) -> dict:
-    base = {
-        "model_type": family,
-        "hidden_size": hidden,
-        "num_hidden_layers": layers,
-        "intermediate_size": intermediate or hidden * 2,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim or hidden // heads,
-        "rms_norm_eps": 1e-6,
-        "vocab_size": vocab,
-        "max_position_embeddings": 4096,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": tie,
-        "eos_token_id": eos,
-    }
-    if family == "qwen3_5":
-        base.update(
-            linear_num_value_heads=4,
-            linear_num_key_heads=2,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_conv_kernel_dim=4,
-            full_attention_interval=2,
-            rope_parameters={"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
-        )
-    return base
+    """Small by default; untied heads, since a tied random model just repeats its input token."""
+    return model_config(family, vocab, eos, hidden, layers, heads, kv_heads, intermediate or hidden * 2,
+                        tie=tie, head_dim=head_dim)
 
 
 def write_target(out: Path, family: str, seed: int = 0, vocab_size: int = 512, model_vocab: int = None,
                  **kw) -> Path:
     """model_vocab > the tokenizer's vocabulary gives a real model's embedding size; ids past the
     tokenizer's only come out of the model, never from text."""
-    from mlx_lm.utils import _get_classes
-
     out = Path(out)
     tok = train_bpe(_corpus(), vocab_size)
     ids = save_tokenizer(tok, out)
     vocab = model_vocab or tok.get_vocab_size()
     cfg = target_config(family, vocab, [ids[EOS], ids[IM_END]], **kw)
-    model_cls, args_cls = _get_classes(cfg)
     mx.random.seed(seed)
-    model = model_cls(args_cls.from_dict(cfg))
+    model = build_model(cfg)
     if sum(v.size for _, v in tree_flatten(model.parameters())) > 50e6:
         model.set_dtype(mx.bfloat16)  # real-model shapes: store as real checkpoints do
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))

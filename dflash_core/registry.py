@@ -62,6 +62,11 @@ def draft_for(model: str) -> str:
     return DRAFTS[base]
 
 
+def hub_target(base: str) -> str:
+    """The hub repository of a known base model's original weights."""
+    return f"meta-llama/{base}" if base.lower().startswith("llama") else f"Qwen/{base}"
+
+
 def known_pairs() -> list:
     """(target, draft, kind) for every pair `models` lists: shipped pairs first, then public drafts."""
     pairs = [(name, str(draft), "shipped") for name, (_, draft) in SHIPPED.items()]

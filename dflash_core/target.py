@@ -102,6 +102,7 @@ class Target:
                     _tap_conv(child.conv1d)
                     recurrence = _tap_recurrence(type(child).__module__)
                     self.gdn_layers.append((i, child, recurrence))
+        self._gdn_ids = {i for i, _, _ in self.gdn_layers}  # cache indices rollback rebuilds
         self.cache = None
         self._tapes = None
 
@@ -184,12 +185,10 @@ class Target:
     def rollback(self, kept: int, fed: int):
         """Make the cache hold exactly the committed tokens: of the `fed` tokens of the last
         verify, keep the first `kept`."""
-        gdn_index = {i: n for n, (i, _, _) in enumerate(self.gdn_layers)}
+        for (i, module, recurrence), tape in zip(self.gdn_layers, self._tapes or ()):
+            rollback_gdn(self.cache[i], tape, kept, module.conv_kernel_size, recurrence)
         for i, c in enumerate(self.cache):
-            if i in gdn_index:
-                _, module, recurrence = self.gdn_layers[gdn_index[i]]
-                rollback_gdn(c, self._tapes[gdn_index[i]], kept, module.conv_kernel_size, recurrence)
-            else:
+            if i not in self._gdn_ids:
                 rollback_kv(c, fed - kept)
         self._tapes = None
 

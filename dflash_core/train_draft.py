@@ -166,19 +166,6 @@ def tapped_hidden(target: Target, ids: mx.array) -> list:
     return [mx.stop_gradient(h) for h in target.sequence_taps(ids)]
 
 
-def block_attention(attn, x, ctx_k, ctx_v, positions, mask):
-    """The draft's attention for many blocks at once. x: (N, B, h) blocks, ctx_k/v: (N, kv, L, d)
-    context keys/values, positions: (N,) each block's first position, mask: (N, 1, B, L + B)."""
-    N, B, _ = x.shape
-    q = attn.q_norm(attn.q_proj(x).reshape(N, B, attn.n_heads, -1)).transpose(0, 2, 1, 3)
-    q = attn.rope(q, offset=positions)
-    k, v = attn.keys_values(x, positions)
-    k = mx.concatenate([ctx_k, k], axis=2)
-    v = mx.concatenate([ctx_v, v], axis=2)
-    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask=mask)
-    return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(N, B, -1))
-
-
 def block_logits(draft: DraftModel, head, taps: list, block_embeds, anchors, seq_of_block):
     """Draft logits for blocks at positions 1..B-1. taps: per tap (S, L, h) target hidden states;
     block_embeds (N, B, h); anchors (N,) absolute positions; seq_of_block (N,) sequence index."""
@@ -197,9 +184,8 @@ def block_logits(draft: DraftModel, head, taps: list, block_embeds, anchors, seq
             ctx_mask = ctx_mask & ((q_pos[:, :, None] - ctx_pos[None, None]) < attn.sliding_window)
         ctx_mask = mx.broadcast_to(ctx_mask, (N, B, L))
         mask = mx.concatenate([ctx_mask, mx.ones((N, B, B), dtype=mx.bool_)], axis=-1)[:, None]
-        a = block_attention(attn, layer.input_layernorm(h), k[seq_of_block], v[seq_of_block], anchors, mask)
-        h = h + a
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        # the inference layer itself, with a per-block offset (RoPE takes an array) and the mask
+        h = layer(h, k[seq_of_block], v[seq_of_block], anchors, mask)
     return head(draft.norm(h)[:, 1:])
 
 

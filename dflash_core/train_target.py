@@ -157,7 +157,10 @@ ARCHS = ("qwen3", "qwen3_5")
 
 
 def model_config(arch: str, vocab: int, eos: list, hidden: int, layers: int, heads: int,
-                 kv_heads: int, intermediate: int, max_positions: int) -> dict:
+                 kv_heads: int, intermediate: int, max_positions: int = 4096, tie: bool = True,
+                 head_dim: int = None) -> dict:
+    """An mlx-lm config.json for a model built from scratch (qwen3, qwen3_5, llama)."""
+    head_dim = head_dim or hidden // heads
     cfg = {
         "model_type": arch,
         "hidden_size": hidden,
@@ -165,12 +168,12 @@ def model_config(arch: str, vocab: int, eos: list, hidden: int, layers: int, hea
         "intermediate_size": intermediate,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
-        "head_dim": hidden // heads,
+        "head_dim": head_dim,
         "rms_norm_eps": 1e-6,
         "vocab_size": vocab,
         "max_position_embeddings": max_positions,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": tie,
         "eos_token_id": eos,
         "bos_token_id": None,
     }
@@ -179,8 +182,8 @@ def model_config(arch: str, vocab: int, eos: list, hidden: int, layers: int, hea
         cfg.update(
             linear_num_value_heads=heads,
             linear_num_key_heads=max(1, heads // 2),
-            linear_key_head_dim=hidden // heads,
-            linear_value_head_dim=hidden // heads,
+            linear_key_head_dim=head_dim,
+            linear_value_head_dim=head_dim,
             linear_conv_kernel_dim=4,
             full_attention_interval=2,
             rope_parameters={"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},

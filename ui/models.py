@@ -10,12 +10,7 @@ from collections import OrderedDict
 
 from dflash_core.errors import DFlashError
 from dflash_core.loading import SHIPPED, load_pair
-from dflash_core.registry import known_pairs
-
-
-def hub_target_id(base: str) -> str:
-    """The hub repository of a registered base model name."""
-    return f"meta-llama/{base}" if base.lower().startswith("llama") else f"Qwen/{base}"
+from dflash_core.registry import hub_target, known_pairs
 
 
 class Catalogue:
@@ -29,7 +24,7 @@ class Catalogue:
         for model, draft in host_pairs:
             if model in SHIPPED and draft is None:
                 continue  # listed with the shipped pairs below
-            key = model if draft is None else f"{model} + {draft}"
+            key = self.key_of(model, draft)
             self.entries[key] = (key, "host", model, draft)
         for name, (target, _) in SHIPPED.items():
             if target.is_dir():
@@ -40,7 +35,7 @@ class Catalogue:
         if allow_downloads:
             for base, draft, kind in known_pairs():
                 if kind == "hub":
-                    self.entries[base] = (f"{base} (hub download)", "hub", hub_target_id(base), draft)
+                    self.entries[base] = (f"{base} (hub download)", "hub", hub_target(base), draft)
         self._loaded = OrderedDict()  # key -> Pair, most recently used last
         self._lock = threading.Lock()
 
@@ -56,7 +51,8 @@ class Catalogue:
     def is_loaded(self, key: str) -> bool:
         return key in self._loaded
 
-    def key_of(self, model: str, draft: str = None) -> str:
+    @staticmethod
+    def key_of(model: str, draft: str = None) -> str:
         return model if draft is None else f"{model} + {draft}"
 
     def add_loaded(self, key: str, pair):

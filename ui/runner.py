@@ -5,7 +5,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from dflash_core.events import CycleEvent, Divergence, RunSummary, TokenEvent, to_dict
+from dflash_core.events import Divergence, RunSummary, to_dict
 
 
 @dataclass
@@ -68,32 +68,31 @@ def _engine_stream(worker, make_iter, user_stop: threading.Event):
     return worker.stream(lambda: make_iter(should_stop), closed)
 
 
+def _run_stage(worker, run: Comparison, stage: str, make_iter, user_stop: threading.Event):
+    """One engine into `run`: its per-step events into run.baseline / run.cycles, its summary
+    into run.<stage>_summary; yields `run` after each event."""
+    events = run.baseline if stage == "baseline" else run.cycles
+    run.stage, run.stage_started = stage, time.perf_counter()
+    for ev in _engine_stream(worker, make_iter, user_stop):
+        if isinstance(ev, RunSummary):
+            setattr(run, f"{stage}_summary", ev)
+        else:
+            run.first_event_at = run.first_event_at if events else time.perf_counter()
+            events.append(ev)
+        yield run
+
+
 def compare(worker, pair, run: Comparison, user_stop: threading.Event):
     """Fill `run` event by event, yielding it after each one. Raises DFlashError on bad input."""
     ids, n, B = run.prompt_ids, run.max_tokens, run.block_size
     worker.call(pair.check_request, ids, n, B)
 
-    run.stage, run.stage_started = "baseline", time.perf_counter()
-    for ev in _engine_stream(worker, lambda stop: pair.baseline(ids, n, stop), user_stop):
-        if isinstance(ev, TokenEvent):
-            run.first_event_at = run.first_event_at if run.baseline else time.perf_counter()
-            run.baseline.append(ev)
-        else:
-            run.baseline_summary = ev
-        yield run
+    yield from _run_stage(worker, run, "baseline", lambda stop: pair.baseline(ids, n, stop), user_stop)
     if user_stop.is_set():
         run.stage, run.verdict = "done", "partial"
         yield run
         return
-
-    run.stage, run.stage_started = "dflash", time.perf_counter()
-    for ev in _engine_stream(worker, lambda stop: pair.dflash(ids, n, B, stop), user_stop):
-        if isinstance(ev, CycleEvent):
-            run.first_event_at = run.first_event_at if run.cycles else time.perf_counter()
-            run.cycles.append(ev)
-        else:
-            run.dflash_summary = ev
-        yield run
+    yield from _run_stage(worker, run, "dflash", lambda stop: pair.dflash(ids, n, B, stop), user_stop)
 
     run.stage = "check"
     yield run

@@ -20,10 +20,8 @@ def add_parser(sub):
 def run(args) -> int:
     pair = load(args)
     ids = pair.encode(args.prompt, chat_template=not args.no_chat_template)
-    block = args.block_size or pair.block_size
-    pair.check_request(ids, args.max_tokens, block)
     summary = None
-    for ev in pair.dflash(ids, args.max_tokens, block):
+    for ev in pair.dflash(ids, args.max_tokens, args.block_size):
         if isinstance(ev, CycleEvent) and not args.json:
             print(pair.decode(ev.committed), end="", flush=True)
         elif isinstance(ev, RunSummary):
