@@ -23,6 +23,14 @@ if sys.platform.startswith("linux") and "mlx.core" not in sys.modules:
     # MLX already runs its own CPU stream thread.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+# MLX's CUDA backend runs multi-row attention through cuDNN and builds a cuDNN plan for every new
+# (query, key) shape. A speculative cycle's key length is new every cycle (the cache grows by the
+# accepted tokens), so each verify and draft forward paid a plan build (~tens of ms, more than
+# the whole cycle). MLX's own attention ops have no per-shape cost. (The variable's name changed
+# spelling across MLX versions; both are set.)
+for _name in ("MLX_CUDA_USE_CUDNN_SDPA", "MLX_CUDA_USE_CUDNN_SPDA"):
+    os.environ.setdefault(_name, "0")
+
 import mlx.core as mx  # noqa: E402
 
 
@@ -30,8 +38,20 @@ def on_cpu() -> bool:
     return mx.default_device().type == mx.cpu
 
 
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+
+
 def compute_dtype():
-    """float32 on CPU (bf16/f16 matmuls skip BLAS there); the weights' own dtype on GPU."""
+    """float32 on CPU (bf16/f16 matmuls skip BLAS there); the weights' own dtype on GPU, unless
+    DFLASH_DTYPE names one (float32 on a GPU keeps batched verify and one-token decoding from
+    disagreeing in the last bits of 16-bit logits)."""
+    name = os.environ.get("DFLASH_DTYPE")
+    if name:
+        if name not in DTYPES:
+            from .errors import DFlashError
+
+            raise DFlashError(f"DFLASH_DTYPE={name} is not one of {', '.join(DTYPES)}")
+        return DTYPES[name]
     return mx.float32 if on_cpu() else None
 
 
@@ -43,6 +63,7 @@ def describe() -> dict:
         "mlx_lm": mlx_lm.__version__,
         "device": str(mx.default_device()),
         "blas": BLAS if on_cpu() else "n/a (GPU backend)",
+        "dtype": str(compute_dtype() or "the weights' own"),
         "metal": mx.metal.is_available(),
     }
     try:

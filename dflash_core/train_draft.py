@@ -295,12 +295,16 @@ def train(args, log=print) -> dict:
         chat = [rng.random() < args.chat_fraction for _ in texts]
         prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens:] for t, c in zip(texts, chat)]
         responses = regenerate(model, tokenizer, prompts, args.response_tokens, args.gen_batch, log)
-        if cache:
-            cache.write_text(json.dumps({"target": str(args.target), "prompts": prompts, "responses": responses}))
+        if cache:  # written whole, then renamed: a concurrent run may be waiting for it
+            tmp = cache.with_suffix(".partial")
+            tmp.write_text(json.dumps({"target": str(args.target), "prompts": prompts, "responses": responses}))
+            tmp.replace(cache)
     data = Sequences(prompts, responses, pad_id=min(eos))
     t_data = time.time() - t_start
     n_resp = int((data.end - data.start).sum())
     log(f"data: {len(data)} sequences, {n_resp:,} response tokens, length {data.length}, {t_data:.0f}s")
+    if args.data_only:
+        return None
 
     n_params = sum(v.size for _, v in tree_flatten(draft.parameters()))
     head = target.head
@@ -413,6 +417,8 @@ def add_arguments(p):
     p.add_argument("--mask-token", default="<|mask|>")
     p.add_argument("--num-prompts", type=int, default=2000)
     p.add_argument("--data-cache", help="JSON file: reuse the regenerated data if it exists, else write it")
+    p.add_argument("--data-only", action="store_true",
+                   help="only regenerate the data into --data-cache (then train several drafts on it)")
     p.add_argument("--chat-fraction", type=float, default=0.7, help="share of prompts in the chat template")
     p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--response-tokens", type=int, default=256)

@@ -12,10 +12,16 @@ case "$pair" in
     $py -m dflash_core.commands.train_target --out "$out/target" --arch qwen3 \
       --hidden 256 --layers 6 --heads 4 --kv-heads 2 --intermediate 768 --vocab-size 4096 \
       --seq-len 512 --batch-size 64 --lr 2e-3 --eval-every 200 --minutes "${TARGET_MIN:-1.2}"
-    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft" \
+    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft-1" \
       --layers 2 --target-layers 1 3 5 --num-prompts 8000 --response-tokens 256 --gen-batch 2000 \
       --data-cache "$out/data.json" --batch-size 16 --anchors 64 --epochs 40 --lr 1.5e-3 \
       --eval-every 400 --minutes "${DRAFT_MIN:-2}"
+    # stage 2: more data (regenerated once, in batches of 8000), 8x larger steps, from stage 1
+    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft" --data-only \
+      --num-prompts 24000 --response-tokens 256 --gen-batch 8000 --data-cache "$out/data24k.json"
+    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft" \
+      --resume "$out/draft-1" --num-prompts 24000 --data-cache "$out/data24k.json" --batch-size 64 \
+      --anchors 128 --epochs 400 --eval-every 400 --eval-prompts 8 --lr 1e-3 --minutes "${DRAFT2_MIN:-6.1}"
     ;;
   hybrid)
     $py -m dflash_core.commands.train_target --out "$out/target" --arch qwen3_5 \

@@ -20,7 +20,12 @@ def run(args) -> int:
         raise DFlashError(f"--target '{args.target}' is not an mlx-lm model directory (no config.json)")
     if not 2 <= args.block_size <= 64:
         raise DFlashError(f"--block-size {args.block_size} is out of range: use 2..64")
+    if args.data_only and not args.data_cache:
+        raise DFlashError("--data-only needs --data-cache FILE to write the data to")
     summary = train_draft.train(args, log=lambda m: print(m, flush=True))
+    if summary is None:
+        print(f"wrote {args.data_cache}")
+        return 0
     save_training_record(args.out, "train-draft", summary, draft_card)
     print(f"wrote {args.out}: engine tokens per cycle {summary['eval_tau']}")
     return 0
