@@ -27,8 +27,8 @@ def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, b
         pair.check_request(ids, max_tokens, block_size)
     for b in sweep:
         pair.check_request(encoded[0], max_tokens, b)
-    # full-length warm-up: MLX's CUDA backend compiles kernels for each new cache length on
-    # first use, which would otherwise land in the first measured run
+    # full-length warm-up: one-time costs (GPU kernel JIT, allocator growth) can depend on the
+    # cache length, so the warm-up goes as far as the measured runs do
     log("warm-up ...")
     _last(pair.baseline(encoded[0], max_tokens))
     _last(pair.dflash(encoded[0], max_tokens, block_size))

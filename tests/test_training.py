@@ -131,3 +131,22 @@ def test_train_draft_bad_input_is_one_error_line(tmp_path, capsys, random_dirs):
     assert main(["train-draft", "--target", str(target), "--out", str(tmp_path / "d"),
                  "--target-layers", "99"]) == 2
     assert "outside the target" in capsys.readouterr().err
+
+
+def test_data_only_writes_the_regenerated_data_for_later_runs(tmp_path, capsys, random_dirs, corpus):
+    """--data-only regenerates once and trains nothing; a later run reuses the file as its data."""
+    target, _ = random_dirs["qwen3"]
+    out, cache = tmp_path / "draft", tmp_path / "data.json"
+    assert main(["train-draft", "--target", str(target), "--out", str(out), "--data-only"]) == 2
+    assert "--data-cache" in capsys.readouterr().err
+    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
+                 "--data-only", "--data-cache", str(cache), *TINY_DRAFT]) == 0
+    saved = json.loads(cache.read_text())
+    assert not out.exists() and not cache.with_suffix(".partial").exists()
+    assert len(saved["prompts"]) == len(saved["responses"]) > 0
+    assert all(0 < len(r) <= 48 + 1 for r in saved["responses"])  # response tokens (+ EOS)
+    capsys.readouterr()
+    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
+                 "--data-cache", str(cache), *TINY_DRAFT[:-1], "--epochs", "1"]) == 0
+    assert f"{len(saved['prompts'])} regenerated sequences from {cache}" in capsys.readouterr().out
+    assert (out / "model.safetensors").is_file()

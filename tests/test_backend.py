@@ -1,0 +1,41 @@
+"""Backend choices made before MLX starts: the compute dtype override and the CUDA attention path."""
+import os
+import subprocess
+import sys
+
+import mlx.core as mx
+import pytest
+
+from dflash_core import backend
+from dflash_core.loading import load_pair
+
+
+def test_cudnn_attention_is_off_unless_the_user_chose(tmp_path):
+    # every speculative cycle has a new key length; cuDNN would build a plan for each one
+    assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == "0"
+    code = "import os, dflash_core; print(os.environ['MLX_CUDA_USE_CUDNN_SDPA'])"
+    env = {**os.environ, "MLX_CUDA_USE_CUDNN_SDPA": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+
+
+def test_dtype_override_sets_the_compute_dtype(monkeypatch, random_dirs):
+    target, draft = random_dirs["qwen3"]
+    monkeypatch.setenv("DFLASH_DTYPE", "bfloat16")
+    pair = load_pair(str(target), str(draft))
+    assert pair.model.layers[0].self_attn.q_proj.weight.dtype == mx.bfloat16
+    assert pair.draft.fc.weight.dtype == mx.bfloat16
+    monkeypatch.delenv("DFLASH_DTYPE")
+    assert backend.compute_dtype() == mx.float32  # this CPU's default
+
+
+def test_bad_dtype_is_one_error_line(random_dirs):
+    target, draft = random_dirs["qwen3"]
+    env = {**os.environ, "DFLASH_DTYPE": "float64"}
+    out = subprocess.run([sys.executable, "-m", "dflash_core", "generate", "--model", str(target),
+                          "--draft", str(draft), "--prompt", "x", "--max-tokens", "4"],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("error:") and "DFLASH_DTYPE=float64" in lines[-1], out.stderr
+    assert "Traceback" not in out.stderr
