@@ -4,13 +4,12 @@ import subprocess
 import sys
 
 import mlx.core as mx
-import pytest
 
 from dflash_core import backend
 from dflash_core.loading import load_pair
 
 
-def test_cudnn_attention_is_off_unless_the_user_chose(tmp_path):
+def test_cudnn_attention_is_off_unless_the_user_chose():
     # every speculative cycle has a new key length; cuDNN would build a plan for each one
     assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == "0"
     code = "import os, dflash_core; print(os.environ['MLX_CUDA_USE_CUDNN_SDPA'])"
