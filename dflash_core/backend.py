@@ -9,19 +9,32 @@ import os
 import sys
 
 BLAS = "bundled reference BLAS"
+_OPENBLAS = None  # the loaded library, whose thread count each engine sets (blas_threads_for)
+_USER_THREADS = "OPENBLAS_NUM_THREADS" in os.environ
 if sys.platform.startswith("linux") and "mlx.core" not in sys.modules:
+    # OpenBLAS reads this when it loads: set it first (a user's own setting wins)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     for name in ("libopenblas.so.0", ctypes.util.find_library("openblas")):
         if not name:
             continue
         try:
-            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            _OPENBLAS = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
             BLAS = f"system OpenBLAS ({name})"
             break
         except OSError:
             pass
-    # One BLAS thread per MLX worker thread: the machines this runs on have 2 cores and
-    # MLX already runs its own CPU stream thread.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def blas_threads_for(engine: str):
+    """Each engine at its best BLAS thread count on a CPU (measured on 2 cores, 2026-11-30):
+    plain decoding (mlx-lm's loop builds the next step's graph while MLX computes this one) runs
+    best on 1 BLAS thread, 270 vs 235 tok/s with 2; DFlash's verify is a 16-row matrix product
+    that it waits for, best on all cores, 272 vs 223 tok/s with 1. A user's OPENBLAS_NUM_THREADS
+    is left alone."""
+    if _OPENBLAS is None or _USER_THREADS or not hasattr(_OPENBLAS, "openblas_set_num_threads"):
+        return
+    _OPENBLAS.openblas_set_num_threads(1 if engine == "baseline" else os.cpu_count() or 1)
+
 
 # MLX's CUDA backend runs multi-row attention through cuDNN and builds a cuDNN plan for every new
 # (query, key) shape. A speculative cycle's key length is new every cycle (the cache grows by the
@@ -63,6 +76,8 @@ def describe() -> dict:
         "mlx_lm": mlx_lm.__version__,
         "device": str(mx.default_device()),
         "blas": BLAS if on_cpu() else "n/a (GPU backend)",
+        "blas_threads": "1 (baseline) / all cores (DFlash)" if _OPENBLAS is not None and not _USER_THREADS
+        else os.environ.get("OPENBLAS_NUM_THREADS", "n/a"),
         "dtype": str(compute_dtype() or "the weights' own"),
         "metal": mx.metal.is_available(),
     }

@@ -203,13 +203,19 @@ class Pair:
         """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread."""
         block_size = self.block_size if block_size is None else block_size
         self.check_request(prompt_ids, max_tokens, block_size)
-        return dflash_generate(self.target, self.draft, prompt_ids, max_tokens, block_size,
-                               self.eos_ids, should_stop, draft_fn)
+        return self._run("dflash", dflash_generate(self.target, self.draft, prompt_ids, max_tokens,
+                                                   block_size, self.eos_ids, should_stop, draft_fn))
 
-    def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False):
-        """TokenEvents, then a RunSummary: plain greedy decoding via mlx-lm."""
+    def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False, sampler=None):
+        """TokenEvents, then a RunSummary: plain decoding via mlx-lm (greedy unless a sampler)."""
         self.check_request(prompt_ids, max_tokens, 2)
-        return baseline_generate(self.model, prompt_ids, max_tokens, self.eos_ids, should_stop)
+        return self._run("baseline", baseline_generate(self.model, prompt_ids, max_tokens, self.eos_ids,
+                                                       should_stop, sampler))
+
+    @staticmethod
+    def _run(engine: str, events):
+        backend.blas_threads_for(engine)  # when the run starts, not when it is created
+        yield from events
 
     def divergence(self, prompt_ids, ours, reference):
         return first_divergence(self.model, prompt_ids, ours, reference)

@@ -25,7 +25,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from .engine import baseline_generate
 from .errors import DFlashError
 from .events import CycleEvent, RunSummary
 from .worker import default_worker
@@ -159,12 +158,12 @@ class Metrics:
 
 # --- generation ------------------------------------------------------------------------------
 
-def sample_generate(model, prompt_ids, max_tokens, eos_ids, temperature, top_p, seed, should_stop):
+def sample_generate(pair, prompt_ids, max_tokens, temperature, top_p, seed, should_stop):
     """Plain sampling through mlx-lm (the temperature > 0 path). Runs on the worker thread."""
     if seed is not None:
         mx.random.seed(seed)
     sampler = make_sampler(temp=temperature, top_p=top_p or 0.0)
-    return baseline_generate(model, prompt_ids, max_tokens, eos_ids, should_stop, sampler=sampler)
+    return pair.baseline(prompt_ids, max_tokens, should_stop, sampler=sampler)
 
 
 def _held_back(text: str, stops: list) -> int:
@@ -227,8 +226,8 @@ class Job:
         pair, cancel = self.server.pair, self.cancel
         if self.path == "dflash":
             return pair.dflash(self.ids, self.max_tokens, should_stop=cancel.is_set)
-        return sample_generate(pair.model, self.ids, self.max_tokens, pair.eos_ids, self.temperature,
-                               self.top_p, self.seed, cancel.is_set)
+        return sample_generate(pair, self.ids, self.max_tokens, self.temperature, self.top_p, self.seed,
+                               cancel.is_set)
 
     def text_deltas(self):
         metrics = self.server.metrics

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import mlx.core as mx
+import pytest
 
 from dflash_core import backend
 from dflash_core.loading import load_pair
@@ -38,3 +39,19 @@ def test_bad_dtype_is_one_error_line(random_dirs):
     lines = out.stderr.strip().splitlines()
     assert lines[-1].startswith("error:") and "DFLASH_DTYPE=float64" in lines[-1], out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(backend._OPENBLAS is None or backend._USER_THREADS,
+                    reason="needs the system OpenBLAS and no OPENBLAS_NUM_THREADS of the user's")
+def test_each_engine_runs_on_its_own_blas_thread_count(random_pairs):
+    """Plain decoding on 1 BLAS thread, DFlash on all cores, set when each run starts."""
+    pair = random_pairs["qwen3"]
+    ids = pair.encode("def f(x):")
+    threads = backend._OPENBLAS.openblas_get_num_threads
+    events = pair.dflash(ids, 8)
+    backend._OPENBLAS.openblas_set_num_threads(1)
+    next(events)  # the setting follows the run, not the call that created it
+    assert threads() == (os.cpu_count() or 1)
+    list(events)
+    list(pair.baseline(ids, 8))
+    assert threads() == 1

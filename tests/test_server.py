@@ -150,7 +150,7 @@ def test_stop_strings_cut_the_text(served):
 def test_temperature_uses_sampling_path(served):
     s = served
     ids = s.pair.encode("hello", chat_template=False)
-    *_, ref = s.worker.call(lambda: list(sample_generate(s.pair.model, ids, 30, s.pair.eos_ids, 1.0, None, 7, lambda: False)))
+    *_, ref = s.worker.call(lambda: list(sample_generate(s.pair, ids, 30, 1.0, None, 7, lambda: False)))
     raw = s.client.completions.with_raw_response.create(model=MODEL, prompt="hello", max_tokens=30, temperature=1.0, seed=7)
     r = raw.parse()
     assert raw.headers["x-dflash-path"] == "sampling"
