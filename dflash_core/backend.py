@@ -23,6 +23,8 @@ if sys.platform.startswith("linux") and "mlx.core" not in sys.modules:
             break
         except OSError:
             pass
+_PER_ENGINE_THREADS = (_OPENBLAS is not None and not _USER_THREADS
+                       and hasattr(_OPENBLAS, "openblas_set_num_threads"))
 
 
 def blas_threads_for(engine: str):
@@ -31,9 +33,8 @@ def blas_threads_for(engine: str):
     best on 1 BLAS thread, 270 vs 235 tok/s with 2; DFlash's verify is a 16-row matrix product
     that it waits for, best on all cores, 272 vs 223 tok/s with 1. A user's OPENBLAS_NUM_THREADS
     is left alone."""
-    if _OPENBLAS is None or _USER_THREADS or not hasattr(_OPENBLAS, "openblas_set_num_threads"):
-        return
-    _OPENBLAS.openblas_set_num_threads(1 if engine == "baseline" else os.cpu_count() or 1)
+    if _PER_ENGINE_THREADS:
+        _OPENBLAS.openblas_set_num_threads(1 if engine == "baseline" else os.cpu_count() or 1)
 
 
 # MLX's CUDA backend runs multi-row attention through cuDNN and builds a cuDNN plan for every new
@@ -76,7 +77,7 @@ def describe() -> dict:
         "mlx_lm": mlx_lm.__version__,
         "device": str(mx.default_device()),
         "blas": BLAS if on_cpu() else "n/a (GPU backend)",
-        "blas_threads": "1 (baseline) / all cores (DFlash)" if _OPENBLAS is not None and not _USER_THREADS
+        "blas_threads": "1 (baseline) / all cores (DFlash)" if _PER_ENGINE_THREADS
         else os.environ.get("OPENBLAS_NUM_THREADS", "n/a"),
         "dtype": str(compute_dtype() or "the weights' own"),
         "metal": mx.metal.is_available(),

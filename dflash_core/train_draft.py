@@ -26,7 +26,7 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 
 from .draft import DraftConfig, DraftModel, default_target_layer_ids
-from .engine import dflash_generate
+from .engine import baseline_generate, dflash_generate
 from .errors import DFlashError
 from .target import Target
 from .train_target import lr_at, progress_bar, read_corpus, stdlib_dir, top_level_prompts
@@ -115,16 +115,10 @@ def regenerate(model, tokenizer, prompts: list, max_new: int, batch: int, log=pr
 
 
 def greedy(model, prompt: list, max_new: int, eos: set) -> list:
-    """Plain greedy continuation, without the EOS token (as batch_generate returns it)."""
-    from mlx_lm.generate import generate_step
-
-    out = []
-    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_new,
-                                sampler=lambda logprobs: mx.argmax(logprobs, axis=-1)):
-        if tok in eos:
-            break
-        out.append(tok)
-    return out
+    """Plain greedy continuation (the engine's baseline), without the EOS token, as
+    batch_generate returns it."""
+    *_, run = baseline_generate(model, prompt, max_new, eos)
+    return run.tokens[:-1] if run.stop_reason == "eos" else run.tokens
 
 
 class Sequences:
@@ -256,14 +250,47 @@ def acceptance(target: Target, draft: DraftModel, prompts: list, max_new: int, e
 # ---------------------------------------------------------------------------- training
 
 
-def train(args, log=print) -> dict:
+def load_frozen_target(path: str):
     from mlx_lm.utils import load
 
-    t_start = time.time()
-    model, tokenizer = load(str(args.target))
+    model, tokenizer = load(path)
     model.set_dtype(mx.float32)  # stored in 16 bits; the engine runs float32 on CPU
     model.eval()
     model.freeze()
+    return model, tokenizer
+
+
+def training_data(args, model, tokenizer, log=print) -> tuple:
+    """(prompts, responses, eval prompts) as token ids: the target's own greedy continuations,
+    read from --data-cache if it holds them, else regenerated (and written there)."""
+    texts, eval_texts = prompt_texts(args.data, args.seed, args.num_prompts)
+    eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens:] for t in eval_texts]
+    cache = Path(args.data_cache) if args.data_cache else None
+    if cache and cache.is_file():  # the same target's continuations, from an earlier run
+        saved = json.loads(cache.read_text())
+        log(f"data: {len(saved['prompts'])} regenerated sequences from {cache}")
+        return saved["prompts"], saved["responses"], eval_prompts
+    rng = random.Random(args.seed)
+    chat = [rng.random() < args.chat_fraction for _ in texts]
+    prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens:] for t, c in zip(texts, chat)]
+    responses = regenerate(model, tokenizer, prompts, args.response_tokens, args.gen_batch, log)
+    if cache:  # written whole, then renamed: a concurrent run may be waiting for it
+        tmp = cache.with_suffix(".partial")
+        tmp.write_text(json.dumps({"target": str(args.target), "prompts": prompts, "responses": responses}))
+        tmp.replace(cache)
+    return prompts, responses, eval_prompts
+
+
+def write_data(args, log=print):
+    """--data-only: regenerate the data into --data-cache, train nothing."""
+    model, tokenizer = load_frozen_target(str(args.target))
+    prompts, responses, _ = training_data(args, model, tokenizer, log)
+    log(f"data: {len(prompts)} sequences, {sum(map(len, responses)):,} response tokens")
+
+
+def train(args, log=print) -> dict:
+    t_start = time.time()
+    model, tokenizer = load_frozen_target(str(args.target))
     eos = set(tokenizer.eos_token_ids)
     if args.resume:  # continue from an earlier checkpoint: its shape, taps and mask id
         from .loading import check_fit, load_draft
@@ -283,28 +310,11 @@ def train(args, log=print) -> dict:
     log(f"target {args.target}: {target.num_layers} layers; draft taps {cfg.target_layer_ids}, "
         f"{cfg.num_hidden_layers} layer(s), block {B}, mask id {cfg.mask_token_id}")
 
-    texts, eval_texts = prompt_texts(args.data, args.seed, args.num_prompts)
-    eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens:] for t in eval_texts]
-    cache = Path(args.data_cache) if args.data_cache else None
-    if cache and cache.is_file():  # the same target's continuations, from an earlier run
-        saved = json.loads(cache.read_text())
-        prompts, responses = saved["prompts"], saved["responses"]
-        log(f"data: {len(prompts)} regenerated sequences from {cache}")
-    else:
-        rng = random.Random(args.seed)
-        chat = [rng.random() < args.chat_fraction for _ in texts]
-        prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens:] for t, c in zip(texts, chat)]
-        responses = regenerate(model, tokenizer, prompts, args.response_tokens, args.gen_batch, log)
-        if cache:  # written whole, then renamed: a concurrent run may be waiting for it
-            tmp = cache.with_suffix(".partial")
-            tmp.write_text(json.dumps({"target": str(args.target), "prompts": prompts, "responses": responses}))
-            tmp.replace(cache)
+    prompts, responses, eval_prompts = training_data(args, model, tokenizer, log)
     data = Sequences(prompts, responses, pad_id=min(eos))
     t_data = time.time() - t_start
     n_resp = int((data.end - data.start).sum())
     log(f"data: {len(data)} sequences, {n_resp:,} response tokens, length {data.length}, {t_data:.0f}s")
-    if args.data_only:
-        return None
 
     n_params = sum(v.size for _, v in tree_flatten(draft.parameters()))
     head = target.head

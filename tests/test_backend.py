@@ -41,7 +41,7 @@ def test_bad_dtype_is_one_error_line(random_dirs):
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.skipif(backend._OPENBLAS is None or backend._USER_THREADS,
+@pytest.mark.skipif(not backend._PER_ENGINE_THREADS,
                     reason="needs the system OpenBLAS and no OPENBLAS_NUM_THREADS of the user's")
 def test_each_engine_runs_on_its_own_blas_thread_count(random_pairs):
     """Plain decoding on 1 BLAS thread, DFlash on all cores, set when each run starts."""

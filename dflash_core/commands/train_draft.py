@@ -22,10 +22,12 @@ def run(args) -> int:
         raise DFlashError(f"--block-size {args.block_size} is out of range: use 2..64")
     if args.data_only and not args.data_cache:
         raise DFlashError("--data-only needs --data-cache FILE to write the data to")
-    summary = train_draft.train(args, log=lambda m: print(m, flush=True))
-    if summary is None:
+    log = lambda m: print(m, flush=True)
+    if args.data_only:
+        train_draft.write_data(args, log)
         print(f"wrote {args.data_cache}")
         return 0
+    summary = train_draft.train(args, log)
     save_training_record(args.out, "train-draft", summary, draft_card)
     print(f"wrote {args.out}: engine tokens per cycle {summary['eval_tau']}")
     return 0
