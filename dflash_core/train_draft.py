@@ -29,7 +29,7 @@ from .draft import DraftConfig, DraftModel, default_target_layer_ids
 from .engine import baseline_generate, dflash_generate
 from .errors import DFlashError
 from .target import Target
-from .train_target import lr_at, progress_bar, read_corpus, stdlib_dir, top_level_prompts
+from .train_target import lr_at, progress_bar, read_corpus, stdlib_dir, top_level_prompts, with_renamed_names
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -264,6 +264,7 @@ def training_data(args, model, tokenizer, log=print) -> tuple:
     """(prompts, responses, eval prompts) as token ids: the target's own greedy continuations,
     read from --data-cache if it holds them, else regenerated (and written there)."""
     texts, eval_texts = prompt_texts(args.data, args.seed, args.num_prompts)
+    texts = with_renamed_names(texts, args.rename_fraction, random.Random(args.seed + 1))
     eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens:] for t in eval_texts]
     cache = Path(args.data_cache) if args.data_cache else None
     if cache and cache.is_file():  # the same target's continuations, from an earlier run
@@ -430,6 +431,8 @@ def add_arguments(p):
     p.add_argument("--data-only", action="store_true",
                    help="only regenerate the data into --data-cache (then train several drafts on it)")
     p.add_argument("--chat-fraction", type=float, default=0.7, help="share of prompts in the chat template")
+    p.add_argument("--rename-fraction", type=float, default=0.0,
+                   help="share of prompts whose own names are swapped for others (code the target never saw)")
     p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--response-tokens", type=int, default=256)
     p.add_argument("--gen-batch", type=int, default=256)

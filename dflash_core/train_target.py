@@ -6,9 +6,12 @@ lines of a file and the assistant's reply is the code that follows them, so the 
 `Pair.encode(prompt)` (chat template on) with a plausible continuation of the prompt's code.
 """
 import argparse
+import builtins
 import json
+import keyword
 import math
 import random
+import re
 import sysconfig
 import time
 import zlib
@@ -74,6 +77,54 @@ def top_level_prompts(text: str, rng: random.Random, n: int, max_lines: int = 8)
         prompt = "\n".join(lines[s : s + k]).rstrip()
         if len(prompt) >= 8 and s + k < len(lines):
             out.append(prompt)
+    return out
+
+
+_NAME = r"[A-Za-z_]\w*"
+_NAMES = rf"{_NAME}(?:\s*,\s*{_NAME})*"
+_BINDINGS = [  # where Python code names things: def/class, parameters, assignments, for, as
+    re.compile(rf"\b(?:def|class)\s+({_NAME})"),
+    re.compile(rf"^\s*({_NAMES})\s*=[^=]", re.M),
+    re.compile(rf"\bfor\s+({_NAMES})\s+in\b"),
+    re.compile(rf"\bas\s+({_NAME})"),
+]
+_PARAMS = re.compile(r"\bdef\s+\w+\s*\(([^)]*)\)")
+_KEEP = set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | {"self", "cls"}
+
+
+def bound_names(text: str) -> set:
+    """The names a piece of code chooses itself (not keywords, builtins, dunders, attributes, or
+    one-letter names, which double as words and string prefixes)."""
+    found = {n for pat in _BINDINGS for m in pat.finditer(text) for n in re.findall(_NAME, m[1])}
+    found |= {p.strip(" *").split(":")[0].split("=")[0].strip() for m in _PARAMS.finditer(text)
+              for p in m[1].split(",")}
+    return {n for n in found if len(n) > 1 and re.fullmatch(_NAME, n) and n not in _KEEP and not n.startswith("__")}
+
+
+def with_renamed_names(texts: list, fraction: float, rng: random.Random) -> list:
+    """A share of the texts with their own names swapped (consistently within a text, also in
+    its docstrings) for names other texts chose. Users write new code, not the corpus: renamed
+    code is code no model saw, which teaches copying names from the context over recalling them.
+    Attribute names after a dot stay, so `x.append` and `os.path.join` keep meaning what they mean."""
+    if fraction <= 0:
+        return texts
+    style = lambda n: (n.isupper(), n[:1].isupper())  # CONSTANT, ClassName or snake_case
+    pools = {}
+    for n in sorted({n for t in texts for n in bound_names(t)}):
+        pools.setdefault(style(n), []).append(n)
+    out = []
+    for text in texts:
+        names = sorted(bound_names(text)) if rng.random() < fraction else ()
+        swap = {}
+        for n in names:  # distinct new names, each in the style of the old one
+            pool = pools[style(n)]
+            new = rng.choice(pool)
+            swap[n] = new if new not in swap.values() else n
+        if swap:
+            # not after a dot (attribute), a backslash (escape) or ! (f-string conversion), nor
+            # before a quote (string prefix)
+            text = re.sub(rf"(?<![\w.\\!]){_NAME}(?![\w'\"])", lambda m: swap.get(m[0], m[0]), text)
+        out.append(text)
     return out
 
 
@@ -246,6 +297,12 @@ def train(args, log=print) -> dict:
     vocab = tok.get_vocab_size()
     cfg = model_config(args.arch, vocab, [ids[EOS], ids[IM_END]], args.hidden, args.layers,
                        args.heads, args.kv_heads, args.intermediate, args.max_positions)
+    if args.renamed_copies:  # the tokenizer above saw only the real files
+        rng = random.Random(args.seed)
+        texts = [t for _ in range(args.renamed_copies) for _, t in train_docs]
+        train_docs = train_docs + [(f"{r} (renamed)", t) for (r, _), t in
+                                   zip(train_docs * args.renamed_copies, with_renamed_names(texts, 1.0, rng))]
+        log(f"+ {args.renamed_copies} renamed cop{'y' if args.renamed_copies == 1 else 'ies'} of each training file")
     maker = SampleMaker(tok, train_docs, args.seq_len, args.chat_fraction, args.seed)
     held = SampleMaker(tok, heldout_docs or train_docs[:5], args.seq_len, args.chat_fraction, args.seed + 1)
     val_batches = [held.batch(args.batch_size) for _ in range(4)]
@@ -295,7 +352,7 @@ def train(args, log=print) -> dict:
                 best = (val, i, tree_flatten(model.parameters()))
     train_s = time.time() - t0
     val = evaluate()
-    if val > best[0]:
+    if args.keep == "best" and val > best[0]:
         val, best_step, params = best
         model.update(tree_unflatten(params))
         log(f"keeping step {best_step}'s weights (held-out loss {val:.3f})")
@@ -315,7 +372,8 @@ def train(args, log=print) -> dict:
         "arch": args.arch, "params": n_params, "vocab": vocab, "steps": i, "kept_step": best_step, "tokens": seen,
         "train_seconds": round(train_s), "total_seconds": round(time.time() - t_start),
         "final_train_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4),
-        "heldout_loss": round(val, 4), "corpus": str(root), "corpus_tokens": maker.num_tokens,
+        "heldout_loss": round(val, 4), "keep": args.keep,
+        "lowest_heldout_loss": dict(zip(("loss", "step"), min(best[:2], (val, i)))), "corpus": str(root), "corpus_tokens": maker.num_tokens,
         "train_files": len(train_docs), "heldout_files": len(heldout_docs), "seq_len": args.seq_len,
         "config": cfg,
     }
@@ -342,4 +400,11 @@ def add_arguments(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--renamed-copies", type=int, default=0,
+                   help="also train on this many copies of each file with its own names swapped for "
+                        "other files' names (more data from a small corpus; teaches copying names)")
+    p.add_argument("--keep", choices=("best", "last"), default="best",
+                   help="best: the weights with the lowest held-out loss (generalise best); last: the "
+                        "final weights (a model trained to memorise its corpus continues code more "
+                        "predictably, which a draft exploits)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)

@@ -150,3 +150,50 @@ def test_data_only_writes_the_regenerated_data_for_later_runs(tmp_path, capsys, 
                  "--data-cache", str(cache), *TINY_DRAFT[:-1], "--epochs", "1"]) == 0
     assert f"{len(saved['prompts'])} regenerated sequences from {cache}" in capsys.readouterr().out
     assert (out / "model.safetensors").is_file()
+
+
+def test_renamed_names_are_consistent_and_keep_the_code_valid(corpus):
+    """Renamed copies (train-target --renamed-copies, train-draft --rename-fraction) stay valid
+    Python, swap each chosen name for one other name everywhere, and leave keywords, builtins and
+    attributes alone."""
+    import ast
+    import io
+    import random
+    import tokenize
+
+    from dflash_core.train_target import with_renamed_names
+
+    texts = [f.read_text() for f in sorted(corpus.glob("*.py"))]
+    assert with_renamed_names(texts, 0.0, random.Random(0)) == texts
+    renamed = with_renamed_names(texts, 1.0, random.Random(0))
+    names = lambda src: [t for t in tokenize.generate_tokens(io.StringIO(src).readline)]
+    for old, new in zip(texts, renamed):
+        assert new != old
+        ast.parse(new)
+        a, b = names(old), names(new)
+        assert [t.type for t in a] == [t.type for t in b]  # same token stream shape
+        swap = {}
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x.type != tokenize.NAME:
+                continue
+            after_dot = i > 0 and a[i - 1].string == "."
+            if after_dot or x.string in ("self", "def", "return", "len", "isinstance"):
+                assert y.string == x.string, (x.string, y.string)
+            else:
+                assert swap.setdefault(x.string, y.string) == y.string  # one new name per old name
+        changed = {k: v for k, v in swap.items() if k != v}
+        assert changed and len(set(changed.values())) == len(changed)  # distinct new names
+
+
+def test_train_target_renamed_copies_and_keep_last(tmp_path, corpus, trained):
+    """--renamed-copies adds training data but not tokenizer input; --keep last keeps the final
+    weights even when an earlier step had a lower held-out loss."""
+    out = tmp_path / "t"
+    assert main(["train-target", "--out", str(out), "--corpus", str(corpus), *TINY_TARGET,
+                 "--renamed-copies", "1", "--keep", "last"]) == 0
+    summary = json.loads((out / "training.json").read_text())
+    assert summary["keep"] == "last" and summary["kept_step"] == summary["steps"] == 30
+    assert summary["lowest_heldout_loss"]["loss"] <= summary["heldout_loss"]
+    assert (out / "tokenizer.json").read_text() == (trained[0] / "tokenizer.json").read_text()
+    base = json.loads((trained[0] / "training.json").read_text())
+    assert summary["corpus_tokens"] > 1.5 * base["corpus_tokens"]  # the originals + one renamed copy
