@@ -1,6 +1,18 @@
 """Model cards (README.md) for the models the trainers write, from their training summaries."""
 
 
+def _renamed(s: dict) -> str:
+    n = s.get("renamed_copies", 0)
+    return f" Plus {n} renamed cop{'y' if n == 1 else 'ies'} of each training file (its own names swapped for other files' names)." if n else ""
+
+
+def _kept(s: dict) -> str:
+    low = s.get("lowest_heldout_loss")
+    if s.get("keep") == "last" and low:
+        return f"; final weights kept (lowest held-out loss {low['loss']:.3f} at step {low['step']})"
+    return f"; weights of step {s['kept_step']} kept (lowest held-out loss)" if s.get("kept_step") != s.get("steps") else ""
+
+
 def target_card(s: dict) -> str:
     c = s["config"]
     arch = ("Qwen3 (mlx-lm `qwen3`): attention in every layer" if s["arch"] == "qwen3" else
@@ -20,11 +32,11 @@ source, so the playground runs with no download. It writes Python-looking code, 
   ChatML template.
 - Data: {s['train_files']} `*.py` files of the Python {s['python']} standard library (`{s['corpus']}`,
   test suites excluded), {s['corpus_tokens']:,} tokens; {s['heldout_files']} files (1 in 20 by a hash of the
-  path) held out. Half the samples are raw {s['seq_len']}-token windows, half chat turns whose user message is
+  path) held out.{_renamed(s)} Half the samples are raw {s['seq_len']}-token windows, half chat turns whose user message is
   1-12 top-level lines of a file and whose reply is the code that follows.
-- Training: {s['steps']} AdamW steps, {s['tokens']:,} tokens, {s['train_seconds']} s on one NVIDIA H200
-  (MLX CUDA, float32), started {s['started']}. Final train loss {s['final_train_loss']},
-  held-out loss {s['heldout_loss']} (nats/token).
+- Training: {s['steps']} AdamW steps, {s['tokens']:,} tokens, {s['train_seconds']} s on {s.get('device', 'one NVIDIA H200 (MLX CUDA)')}
+  (float32), started {s['started']}. Final train loss {s['final_train_loss']},
+  held-out loss {s['heldout_loss']} (nats/token){_kept(s)}.
 - Reproduce: `{s['command']}`
 - `eval_prompts.json`: prompts cut from the held-out files (`heldout`) and from training files
   (`train`), for measuring acceptance in and out of the training data.
@@ -47,7 +59,7 @@ It has no embeddings or LM head: it borrows the target's.
   each step; block `[token@anchor, MASK x (B-1)]`; block-sparse attention (context strictly before
   the anchor, own block bidirectional); loss weights exp(-(k-1)/7); AdamW, cosine schedule with
   warm-up. {s['steps']} steps ({s['epochs_run']} epochs), {s['train_seconds']} s (+{s['data_seconds']} s
-  regenerating data) on one NVIDIA H200. Loss {s['first_loss']} -> {s['final_loss']}.
+  regenerating data) on {s.get('device', 'one NVIDIA H200 (MLX CUDA)')}. Loss {s['first_loss']} -> {s['final_loss']}.
 - Engine acceptance during training (mean tokens per cycle, held-out prompts, step: tau): {hist}.
 - Reproduce: `{s['command']}`
 """

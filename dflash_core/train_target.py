@@ -372,7 +372,7 @@ def train(args, log=print) -> dict:
         "arch": args.arch, "params": n_params, "vocab": vocab, "steps": i, "kept_step": best_step, "tokens": seen,
         "train_seconds": round(train_s), "total_seconds": round(time.time() - t_start),
         "final_train_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4),
-        "heldout_loss": round(val, 4), "keep": args.keep,
+        "heldout_loss": round(val, 4), "keep": args.keep, "renamed_copies": args.renamed_copies,
         "lowest_heldout_loss": dict(zip(("loss", "step"), min(best[:2], (val, i)))), "corpus": str(root), "corpus_tokens": maker.num_tokens,
         "train_files": len(train_docs), "heldout_files": len(heldout_docs), "seq_len": args.seq_len,
         "config": cfg,

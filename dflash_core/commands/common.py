@@ -27,6 +27,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
 
 
+def _device_name() -> str:
+    """Where a training ran, for its record and model card."""
+    import os
+
+    import mlx.core as mx
+
+    if mx.default_device().type == mx.cpu:
+        return f"a {os.cpu_count()}-core CPU (MLX)"
+    return "a GPU (MLX CUDA)" if getattr(mx, "cuda", None) and mx.cuda.is_available() else "a GPU (MLX Metal)"
+
+
 def save_training_record(out, command: str, summary: dict, card) -> None:
     """training.json + the model card README.md, with the exact command that made them."""
     import json
@@ -35,6 +46,7 @@ def save_training_record(out, command: str, summary: dict, card) -> None:
     argv = sys.argv[1:]  # this command's own arguments, through the CLI or run as a module
     argv = argv[argv.index(command) + 1 :] if command in argv else argv
     summary["command"] = f"python -m dflash_core {command} " + " ".join(argv)
+    summary["device"] = _device_name()
     out = Path(out)
     (out / "training.json").write_text(json.dumps(summary, indent=1))
     (out / "README.md").write_text(card(summary))
