@@ -3,7 +3,7 @@
 
 def _renamed(s: dict) -> str:
     n = s.get("renamed_copies", 0)
-    return f" Plus {n} renamed cop{'y' if n == 1 else 'ies'} of each training file (its own names swapped for other files' names)." if n else ""
+    return f" plus {n} renamed cop{'y' if n == 1 else 'ies'} of each (the file's own names swapped for other files' names)" if n else ""
 
 
 def _kept(s: dict) -> str:
@@ -31,8 +31,8 @@ source, so the playground runs with no download. It writes Python-looking code, 
   `<|endoftext|>` (EOS), `<|im_start|>`, `<|im_end|>` (EOS), `<|mask|>` (reserved for DFlash drafts);
   ChatML template.
 - Data: {s['train_files']} `*.py` files of the Python {s['python']} standard library (`{s['corpus']}`,
-  test suites excluded), {s['corpus_tokens']:,} tokens; {s['heldout_files']} files (1 in 20 by a hash of the
-  path) held out.{_renamed(s)} Half the samples are raw {s['seq_len']}-token windows, half chat turns whose user message is
+  test suites excluded){_renamed(s)}, {s['corpus_tokens']:,} tokens; {s['heldout_files']} files (1 in 20 by a hash of the
+  path) held out. Half the samples are raw {s['seq_len']}-token windows, half chat turns whose user message is
   1-12 top-level lines of a file and whose reply is the code that follows.
 - Training: {s['steps']} AdamW steps, {s['tokens']:,} tokens, {s['train_seconds']} s on {s.get('device', 'one NVIDIA H200 (MLX CUDA)')}
   (float32), started {s['started']}. Final train loss {s['final_train_loss']},

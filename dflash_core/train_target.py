@@ -297,13 +297,13 @@ def train(args, log=print) -> dict:
     vocab = tok.get_vocab_size()
     cfg = model_config(args.arch, vocab, [ids[EOS], ids[IM_END]], args.hidden, args.layers,
                        args.heads, args.kv_heads, args.intermediate, args.max_positions)
-    if args.renamed_copies:  # the tokenizer above saw only the real files
-        rng = random.Random(args.seed)
-        texts = [t for _ in range(args.renamed_copies) for _, t in train_docs]
-        train_docs = train_docs + [(f"{r} (renamed)", t) for (r, _), t in
-                                   zip(train_docs * args.renamed_copies, with_renamed_names(texts, 1.0, rng))]
+    sample_docs = train_docs  # + renamed copies; the tokenizer above saw only the real files
+    if args.renamed_copies:
+        texts = [t for _, t in train_docs] * args.renamed_copies
+        sample_docs = train_docs + [(f"{r} (renamed)", t) for (r, _), t in
+                                    zip(train_docs * args.renamed_copies, with_renamed_names(texts, 1.0, random.Random(args.seed)))]
         log(f"+ {args.renamed_copies} renamed cop{'y' if args.renamed_copies == 1 else 'ies'} of each training file")
-    maker = SampleMaker(tok, train_docs, args.seq_len, args.chat_fraction, args.seed)
+    maker = SampleMaker(tok, sample_docs, args.seq_len, args.chat_fraction, args.seed)
     held = SampleMaker(tok, heldout_docs or train_docs[:5], args.seq_len, args.chat_fraction, args.seed + 1)
     val_batches = [held.batch(args.batch_size) for _ in range(4)]
     log(f"tokenizer: {vocab} tokens; {maker.num_tokens:,} training tokens")
@@ -359,6 +359,7 @@ def train(args, log=print) -> dict:
     else:
         best_step = i
     log(f"done: {i} steps, {seen:,} tokens, {train_s:.0f}s, held-out loss {val:.3f}")
+    low_loss, low_step = min(best[:2], (val, i))
 
     save_model(model, cfg, out)
     rng = random.Random(args.seed)
@@ -373,7 +374,7 @@ def train(args, log=print) -> dict:
         "train_seconds": round(train_s), "total_seconds": round(time.time() - t_start),
         "final_train_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4),
         "heldout_loss": round(val, 4), "keep": args.keep, "renamed_copies": args.renamed_copies,
-        "lowest_heldout_loss": dict(zip(("loss", "step"), min(best[:2], (val, i)))), "corpus": str(root), "corpus_tokens": maker.num_tokens,
+        "lowest_heldout_loss": {"loss": round(low_loss, 4), "step": low_step}, "corpus": str(root), "corpus_tokens": maker.num_tokens,
         "train_files": len(train_docs), "heldout_files": len(heldout_docs), "seq_len": args.seq_len,
         "config": cfg,
     }
@@ -404,7 +405,6 @@ def add_arguments(p):
                    help="also train on this many copies of each file with its own names swapped for "
                         "other files' names (more data from a small corpus; teaches copying names)")
     p.add_argument("--keep", choices=("best", "last"), default="best",
-                   help="best: the weights with the lowest held-out loss (generalise best); last: the "
-                        "final weights (a model trained to memorise its corpus continues code more "
-                        "predictably, which a draft exploits)")
+                   help="best: the weights with the lowest held-out loss (they generalise best); "
+                        "last: the final weights")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)

@@ -196,4 +196,6 @@ def test_train_target_renamed_copies_and_keep_last(tmp_path, corpus, trained):
     assert summary["lowest_heldout_loss"]["loss"] <= summary["heldout_loss"]
     assert (out / "tokenizer.json").read_text() == (trained[0] / "tokenizer.json").read_text()
     base = json.loads((trained[0] / "training.json").read_text())
+    assert summary["train_files"] == base["train_files"]
     assert summary["corpus_tokens"] > 1.5 * base["corpus_tokens"]  # the originals + one renamed copy
+    assert "plus 1 renamed copy of each" in (out / "README.md").read_text()
