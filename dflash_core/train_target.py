@@ -115,11 +115,11 @@ def with_renamed_names(texts: list, fraction: float, rng: random.Random) -> list
     out = []
     for text in texts:
         names = sorted(bound_names(text)) if rng.random() < fraction else ()
-        swap = {}
-        for n in names:  # distinct new names, each in the style of the old one
-            pool = pools[style(n)]
-            new = rng.choice(pool)
-            swap[n] = new if new not in swap.values() else n
+        taken, swap = set(re.findall(_NAME, text)), {}
+        for n in names:  # a name the text does not use yet, in the style of the old one
+            new = next((c for c in (rng.choice(pools[style(n)]) for _ in range(8)) if c not in taken), n)
+            swap[n] = new
+            taken.add(new)
         if swap:
             # not after a dot (attribute), a backslash (escape) or ! (f-string conversion), nor
             # before a quote (string prefix)
