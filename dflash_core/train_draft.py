@@ -329,6 +329,8 @@ def train(args, log=print) -> dict:
             chunks.append(tapped_hidden(target, mx.array(data.ids[r : r + 64])))
             mx.eval(chunks[-1])
         cached_taps = [mx.concatenate([c[k] for c in chunks]) for k in range(len(cfg.target_layer_ids))]
+        mx.eval(cached_taps)
+        del chunks  # else the per-chunk copies stay alive next to the whole (twice the memory)
         log(f"cached the target's taps for {len(data)} sequences")
 
     steps_per_epoch = math.ceil(len(data) / args.batch_size)

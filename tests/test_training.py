@@ -199,3 +199,17 @@ def test_train_target_renamed_copies_and_keep_last(tmp_path, corpus, trained):
     assert summary["train_files"] == base["train_files"]
     assert summary["corpus_tokens"] > 1.5 * base["corpus_tokens"]  # the originals + one renamed copy
     assert "plus 1 renamed copy of each" in (out / "README.md").read_text()
+
+
+def test_cache_taps_trains_the_same_draft(tmp_path, corpus, trained):
+    """--cache-taps computes the frozen target's taps once instead of every step: same losses."""
+    target, _ = trained
+    losses = []
+    for flag in ([], ["--cache-taps"]):
+        out = tmp_path / f"d{len(flag)}"
+        assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
+                     "--layers", "1", "--target-layers", "0", "2", "--data-cache", str(tmp_path / "data.json"),
+                     *TINY_DRAFT[:-1], "--epochs", "2", *flag]) == 0
+        s = json.loads((out / "training.json").read_text())
+        losses.append((s["first_loss"], s["final_loss"]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-3), losses
