@@ -23,8 +23,9 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 
+from .backend import DTYPES
 from .draft import DraftConfig, DraftModel, default_target_layer_ids
 from .engine import baseline_generate, dflash_generate
 from .errors import DFlashError
@@ -250,11 +251,11 @@ def acceptance(target: Target, draft: DraftModel, prompts: list, max_new: int, e
 # ---------------------------------------------------------------------------- training
 
 
-def load_frozen_target(path: str):
+def load_frozen_target(path: str, dtype=mx.float32):
     from mlx_lm.utils import load
 
     model, tokenizer = load(path)
-    model.set_dtype(mx.float32)  # stored in 16 bits; the engine runs float32 on CPU
+    model.set_dtype(dtype)  # stored in 16 bits; the engine runs float32 on CPU
     model.eval()
     model.freeze()
     return model, tokenizer
@@ -276,6 +277,7 @@ def training_data(args, model, tokenizer, log=print) -> tuple:
     prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens:] for t, c in zip(texts, chat)]
     responses = regenerate(model, tokenizer, prompts, args.response_tokens, args.gen_batch, log)
     if cache:  # written whole, then renamed: a concurrent run may be waiting for it
+        cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".partial")
         tmp.write_text(json.dumps({"target": str(args.target), "prompts": prompts, "responses": responses}))
         tmp.replace(cache)
@@ -318,15 +320,22 @@ def train(args, log=print) -> dict:
     log(f"data: {len(data)} sequences, {n_resp:,} response tokens, length {data.length}, {t_data:.0f}s")
 
     n_params = sum(v.size for _, v in tree_flatten(draft.parameters()))
-    head = target.head
-    embed = target.embed
+    # --compute-dtype bfloat16: the forward and backward run in 16 bits (a second, 16-bit copy of
+    # the frozen target gives taps, embeddings and head; a 16-bit working copy of the draft is
+    # refreshed from the float32 master weights every step); the optimizer updates the masters.
+    # The engine's evaluation and the saved draft use the float32 ones.
+    low = DTYPES[args.compute_dtype]
+    work_target = target if low == mx.float32 else Target(load_frozen_target(str(args.target), low)[0], cfg.target_layer_ids)
+    work = draft if low == mx.float32 else DraftModel(cfg)
+    head = work_target.head
+    embed = work_target.embed
     weights_k = mx.array([math.exp(-(k - 1) / loss_gamma(B)) for k in range(1, B)])
 
     cached_taps = None
     if args.cache_taps:  # the target is frozen: its taps can be computed once for all epochs
         chunks = []
         for r in range(0, len(data), 64):
-            chunks.append(tapped_hidden(target, mx.array(data.ids[r : r + 64])))
+            chunks.append(tapped_hidden(work_target, mx.array(data.ids[r : r + 64])))
             mx.eval(chunks[-1])
         cached_taps = [mx.concatenate([c[k] for c in chunks]) for k in range(len(cfg.target_layer_ids))]
         mx.eval(cached_taps)
@@ -339,8 +348,11 @@ def train(args, log=print) -> dict:
     state = [draft.state, opt.state]
 
     def step(taps, block_embeds, anchors, seq_of_block, labels, weights):
-        loss, grads = nn.value_and_grad(draft, draft_loss)(
-            draft, head, taps, block_embeds, anchors, seq_of_block, labels, weights)
+        def loss_of(master):
+            work.update(tree_map(lambda w: w.astype(low), master))
+            return draft_loss(work, head, taps, block_embeds, anchors, seq_of_block, labels, weights)
+
+        loss, grads = mx.value_and_grad(loss_of)(draft.trainable_parameters())
         grads, _ = optim.clip_grad_norm(grads, 1.0)
         opt.update(draft, grads)
         return loss
@@ -370,7 +382,7 @@ def train(args, log=print) -> dict:
             anchors, valid = data.anchors(rows, args.anchors, B, nrng)
             ids = data.ids[rows]
             if cached_taps is None:
-                taps = tapped_hidden(target, mx.array(ids))
+                taps = tapped_hidden(work_target, mx.array(ids))
             else:
                 taps = [t[mx.array(rows)] for t in cached_taps]
             flat = anchors.reshape(-1)
@@ -448,5 +460,8 @@ def add_arguments(p):
     p.add_argument("--eval-prompts", type=int, default=4)
     p.add_argument("--eval-tokens", type=int, default=128)
     p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--compute-dtype", choices=DTYPES, default="float32",
+                   help="bfloat16: forward and backward in 16 bits over float32 master weights "
+                        "(several times faster on a GPU; slow on a CPU)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--seed", type=int, default=0)

@@ -213,3 +213,24 @@ def test_cache_taps_trains_the_same_draft(tmp_path, corpus, trained):
         s = json.loads((out / "training.json").read_text())
         losses.append((s["first_loss"], s["final_loss"]))
     assert losses[0] == pytest.approx(losses[1], rel=1e-3), losses
+
+
+def test_bfloat16_compute_trains_float32_masters(tmp_path, corpus, trained):
+    """--compute-dtype bfloat16 runs forward and backward in 16 bits over float32 master weights:
+    it starts at the float32 run's loss (to bfloat16 rounding), learns, and saves a draft that
+    decodes exactly like plain greedy."""
+    target, _ = trained
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / dtype
+        assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
+                     "--layers", "1", "--data-cache", str(tmp_path / "data" / "cache.json"),
+                     *TINY_DRAFT, "--compute-dtype", dtype]) == 0
+        runs[dtype] = json.loads((out / "training.json").read_text())
+    f32, bf16 = runs["float32"], runs["bfloat16"]
+    assert bf16["first_loss"] == pytest.approx(f32["first_loss"], rel=2e-2)
+    assert bf16["final_loss"] < 0.7 * bf16["first_loss"]
+    pair = load_pair(str(target), str(tmp_path / "bfloat16"))
+    assert {p.dtype for _, p in tree_flatten(pair.draft.parameters())} == {mx.float32}
+    ids = pair.encode("def fib(n):")
+    assert list(pair.dflash(ids, 40))[-1].tokens == list(pair.baseline(ids, 40))[-1].tokens
