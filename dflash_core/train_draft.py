@@ -23,14 +23,15 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten
 
 from .backend import DTYPES
 from .draft import DraftConfig, DraftModel, default_target_layer_ids
 from .engine import baseline_generate, dflash_generate
 from .errors import DFlashError
 from .target import Target
-from .train_target import lr_at, progress_bar, read_corpus, stdlib_dir, top_level_prompts, with_renamed_names
+from .train_target import (lr_at, progress_bar, read_corpus, stdlib_dir, top_level_prompts, value_and_master_grad,
+                           with_renamed_names)
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -348,11 +349,8 @@ def train(args, log=print) -> dict:
     state = [draft.state, opt.state]
 
     def step(taps, block_embeds, anchors, seq_of_block, labels, weights):
-        def loss_of(master):
-            work.update(tree_map(lambda w: w.astype(low), master))
-            return draft_loss(work, head, taps, block_embeds, anchors, seq_of_block, labels, weights)
-
-        loss, grads = mx.value_and_grad(loss_of)(draft.trainable_parameters())
+        loss, grads = value_and_master_grad(
+            draft, work, low, lambda d: draft_loss(d, head, taps, block_embeds, anchors, seq_of_block, labels, weights))
         grads, _ = optim.clip_grad_norm(grads, 1.0)
         opt.update(draft, grads)
         return loss
