@@ -266,13 +266,13 @@ def training_data(args, model, tokenizer, log=print) -> tuple:
     """(prompts, responses, eval prompts) as token ids: the target's own greedy continuations,
     read from --data-cache if it holds them, else regenerated (and written there)."""
     texts, eval_texts = prompt_texts(args.data, args.seed, args.num_prompts)
-    texts = with_renamed_names(texts, args.rename_fraction, random.Random(args.seed + 1))
     eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens:] for t in eval_texts]
     cache = Path(args.data_cache) if args.data_cache else None
     if cache and cache.is_file():  # the same target's continuations, from an earlier run
         saved = json.loads(cache.read_text())
         log(f"data: {len(saved['prompts'])} regenerated sequences from {cache}")
         return saved["prompts"], saved["responses"], eval_prompts
+    texts = with_renamed_names(texts, args.rename_fraction, random.Random(args.seed + 1))
     rng = random.Random(args.seed)
     chat = [rng.random() < args.chat_fraction for _ in texts]
     prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens:] for t, c in zip(texts, chat)]
