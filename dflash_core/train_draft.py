@@ -394,10 +394,11 @@ def train(args, log=print) -> dict:
             loss = step(taps, embed(mx.array(block_ids)), mx.array(flat), mx.array(seq_of_block),
                         mx.array(labels), weights)
             mx.eval(loss, state)
-            if i == 0:  # the schedule starts after the first step (graph compile, kernel JIT)
+            if i == 0:  # the schedule and the rate start after the first step (graph compile, kernel JIT)
                 t0 = time.time()
+            else:
+                seen += int(valid.sum()) * B
             losses.append(loss.item())
-            seen += int(valid.sum()) * B
             i += 1
             if i % args.log_every == 0:
                 el = max(time.time() - t0, 1e-3)
