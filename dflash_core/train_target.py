@@ -110,12 +110,13 @@ def with_renamed_names(texts: list, fraction: float, rng: random.Random) -> list
     if fraction <= 0:
         return texts
     style = lambda n: (n.isupper(), n[:1].isupper())  # CONSTANT, ClassName or snake_case
+    names_of = [bound_names(t) for t in texts]
     pools = {}
-    for n in sorted({n for t in texts for n in bound_names(t)}):
+    for n in sorted(set().union(*names_of)):
         pools.setdefault(style(n), []).append(n)
     out = []
-    for text in texts:
-        names = sorted(bound_names(text)) if rng.random() < fraction else ()
+    for text, own in zip(texts, names_of):
+        names = sorted(own) if rng.random() < fraction else ()
         taken, swap = set(re.findall(_NAME, text)), {}
         for n in names:  # a name the text does not use yet, in the style of the old one
             new = next((c for c in (rng.choice(pools[style(n)]) for _ in range(8)) if c not in taken), n)

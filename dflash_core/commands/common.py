@@ -31,11 +31,11 @@ def _device_name() -> str:
     """Where a training ran, for its record and model card."""
     import os
 
-    import mlx.core as mx
+    from .. import backend
 
-    if mx.default_device().type == mx.cpu:
+    if backend.on_cpu():
         return f"a {os.cpu_count()}-core CPU (MLX)"
-    return "a GPU (MLX CUDA)" if getattr(mx, "cuda", None) and mx.cuda.is_available() else "a GPU (MLX Metal)"
+    return "a GPU (MLX Metal)" if backend.mx.metal.is_available() else "a GPU (MLX CUDA)"
 
 
 def save_training_record(out, command: str, summary: dict, card) -> None:
