@@ -35,7 +35,7 @@ source, so the playground runs with no download. It writes Python-looking code, 
   path) held out. Half the samples are raw {s['seq_len']}-token windows, half chat turns whose user message is
   1-12 top-level lines of a file and whose reply is the code that follows.
 - Training: {s['steps']} AdamW steps, {s['tokens']:,} tokens, {s['train_seconds']} s on {s.get('device', 'one NVIDIA H200 (MLX CUDA)')}
-  (float32), started {s['started']}. Final train loss {s['final_train_loss']},
+  ({s.get('compute_dtype', 'float32')} compute), started {s['started']}. Final train loss {s['final_train_loss']},
   held-out loss {s['heldout_loss']} (nats/token){_kept(s)}.
 - Reproduce: `{s['command']}`
 - `eval_prompts.json`: prompts cut from the held-out files (`heldout`) and from training files
@@ -55,10 +55,11 @@ It has no embeddings or LM head: it borrows the target's.
   {s['target_layer_ids']}. Parameters: {s['params'] / 1e6:.2f}M, stored in float16.
 - Data: {s['sequences']} prompts, their continuations regenerated greedily by the target itself
   ({s['response_tokens']:,} response tokens).
-- Training (`dflash_core/train_draft.py`): frozen target; up to 64 anchors per sequence, resampled
-  each step; block `[token@anchor, MASK x (B-1)]`; block-sparse attention (context strictly before
-  the anchor, own block bidirectional); loss weights exp(-(k-1)/7); AdamW, cosine schedule with
-  warm-up. {s['steps']} steps ({s['epochs_run']} epochs), {s['train_seconds']} s (+{s['data_seconds']} s
+- Training (`dflash_core/train_draft.py`): frozen target; batches of {s['batch_size']} sequences with up to
+  {s['anchors']} anchors each, resampled each step; block `[token@anchor, MASK x (B-1)]`; block-sparse
+  attention (context strictly before the anchor, own block bidirectional); loss weights
+  exp(-(k-1)/{s['loss_gamma']:g}); AdamW, cosine schedule with warm-up; {s['compute_dtype']} compute.
+  {s['steps']} steps ({s['epochs_run']} epochs), {s['train_seconds']} s (+{s['data_seconds']} s
   regenerating data) on {s.get('device', 'one NVIDIA H200 (MLX CUDA)')}. Loss {s['first_loss']} -> {s['final_loss']}.
 - Engine acceptance during training (mean tokens per cycle, held-out prompts, step: tau): {hist}.
 - Reproduce: `{s['command']}`

@@ -416,7 +416,9 @@ def train(args, log=print) -> dict:
     summary = {
         "target": str(args.target), "layers": cfg.num_hidden_layers, "params": n_params, "block_size": B,
         "target_layer_ids": cfg.target_layer_ids, "sequences": len(data), "response_tokens": n_resp,
-        "steps": i, "epochs_run": round(i / steps_per_epoch, 2), "data_seconds": round(t_data),
+        "batch_size": args.batch_size, "anchors": args.anchors, "loss_gamma": loss_gamma(B),
+        "compute_dtype": args.compute_dtype, "steps": i, "epochs_run": round(i / steps_per_epoch, 2),
+        "data_seconds": round(t_data),
         "train_seconds": round(train_s), "final_loss": round(float(np.mean(losses[-window:])), 4),
         "first_loss": round(float(np.mean(losses[:window])), 4),
         "eval_tau": round(tau, 3), "history": history,

@@ -392,7 +392,7 @@ def train(args, log=print) -> dict:
         "heldout_loss": round(val, 4), "keep": args.keep, "renamed_copies": args.renamed_copies,
         "lowest_heldout_loss": {"loss": round(low_loss, 4), "step": low_step}, "corpus": str(root), "corpus_tokens": maker.num_tokens,
         "train_files": len(train_docs), "heldout_files": len(heldout_docs), "seq_len": args.seq_len,
-        "config": cfg,
+        "compute_dtype": args.compute_dtype, "config": cfg,
     }
 
 

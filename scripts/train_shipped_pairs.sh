@@ -10,18 +10,40 @@ py=${PYTHON:-python3}
 case "$pair" in
   coder)
     $py -m dflash_core.commands.train_target --out "$out/target" --arch qwen3 \
-      --hidden 256 --layers 6 --heads 4 --kv-heads 2 --intermediate 768 --vocab-size 4096 \
-      --seq-len 512 --batch-size 64 --lr 2e-3 --eval-every 200 --minutes "${TARGET_MIN:-1.2}"
-    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft-1" \
-      --layers 2 --target-layers 1 3 5 --num-prompts 8000 --response-tokens 256 --gen-batch 2000 \
-      --data-cache "$out/data.json" --batch-size 16 --anchors 64 --epochs 40 --lr 1.5e-3 \
-      --eval-every 400 --minutes "${DRAFT_MIN:-2}"
-    # stage 2: more data (regenerated once, in batches of 8000), 8x larger steps, from stage 1
-    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft" --data-only \
-      --num-prompts 24000 --response-tokens 256 --gen-batch 8000 --data-cache "$out/data24k.json"
-    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft" \
-      --resume "$out/draft-1" --num-prompts 24000 --data-cache "$out/data24k.json" --batch-size 64 \
-      --anchors 128 --epochs 400 --eval-every 400 --eval-prompts 8 --lr 1e-3 --minutes "${DRAFT2_MIN:-6.1}"
+      --hidden 256 --layers 16 --heads 4 --kv-heads 2 --intermediate 768 --vocab-size 4096 \
+      --seq-len 512 --batch-size 64 --lr 1.5e-3 --renamed-copies 2 --eval-every 100 \
+      --minutes "${TARGET_MIN:-1.5}"
+    draft=(--target "$out/target" --chat-fraction 0.5 --rename-fraction 0.5)
+    $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/draft-1" \
+      --layers 3 --target-layers 1 4 7 10 13 15 --num-prompts 5200 --data-cache "$out/data.json" \
+      --batch-size 64 --anchors 128 --epochs 400 --eval-every 400 --eval-prompts 8 --lr 1.5e-3 \
+      --minutes "${DRAFT_MIN:-3.05}"
+    # stages 2-4 train on more data, regenerated once (the shipped draft's was made on a 2-core
+    # CPU while the GPU was away): 16 x 1000 prompts, merged without duplicate prompts
+    for seed in $(seq 11 26); do
+      $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
+        --num-prompts 1000 --seed "$seed" --data-cache "$out/data/seed$seed.json"
+    done
+    $py - "$out" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1]); seen, prompts, responses = set(), [], []
+for f in sorted((out / "data").glob("seed*.json")):
+    d = json.loads(f.read_text())
+    for p, r in zip(d["prompts"], d["responses"]):
+        if tuple(p) not in seen:
+            seen.add(tuple(p)); prompts.append(p); responses.append(r)
+(out / "data16k.json").write_text(json.dumps({"target": d["target"], "prompts": prompts, "responses": responses}))
+PY
+    prev="$out/draft-1"
+    for stage in "2 1e-3 8.0" "3 8e-4 8.2" "4 6e-4 8.9"; do
+      read -r k lr minutes <<< "$stage"
+      $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft-$k" \
+        --resume "$prev" --data-cache "$out/data16k.json" --cache-taps --compute-dtype bfloat16 \
+        --batch-size 64 --anchors 240 --epochs 400 --eval-every 500 --eval-prompts 8 --lr "$lr" \
+        --minutes "$minutes"
+      prev="$out/draft-$k"
+    done
+    mv "$prev" "$out/draft"
     ;;
   hybrid)
     $py -m dflash_core.commands.train_target --out "$out/target" --arch qwen3_5 \

@@ -56,4 +56,4 @@ def test_shipped_pairs_load_offline(tmp_path):
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "stdlib-coder 6 False" in out.stdout and "stdlib-hybrid 4 True" in out.stdout
+    assert "stdlib-coder 16 False" in out.stdout and "stdlib-hybrid 4 True" in out.stdout
