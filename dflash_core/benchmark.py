@@ -20,8 +20,11 @@ def _last(events):
 
 
 def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, block_size: int = None,
-                  chat_template: bool = False, oracle: bool = False, sweep: list = (), log=print) -> dict:
+                  chat_template: bool = False, oracle: bool = False, sweep: list = (), log=print,
+                  min_confidence: float = None) -> dict:
     block_size = pair.block_size if block_size is None else block_size
+    if min_confidence is None:
+        min_confidence = backend.default_min_confidence()
     encoded = [pair.encode(p, chat_template) for p in prompts]
     for ids in encoded:
         pair.check_request(ids, max_tokens, block_size)
@@ -31,20 +34,21 @@ def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, b
     # cache length, so the warm-up goes as far as the measured runs do
     log("warm-up ...")
     _last(pair.baseline(encoded[0], max_tokens))
-    _last(pair.dflash(encoded[0], max_tokens, block_size))
+    _last(pair.dflash(encoded[0], max_tokens, block_size, min_confidence=min_confidence))
 
     runs = []
     for r in range(repeat):
         for i, ids in enumerate(encoded):
             base = _last(pair.baseline(ids, max_tokens))
             rows = [("baseline", block_size, base)]
-            rows.append(("dflash", block_size, _last(pair.dflash(ids, max_tokens, block_size))))
+            rows.append(("dflash", block_size, _last(pair.dflash(ids, max_tokens, block_size,
+                                                                 min_confidence=min_confidence))))
             if oracle:
                 draft_fn = oracle_draft(len(ids), base.tokens)
                 rows.append(("oracle", block_size, _last(pair.dflash(ids, max_tokens, block_size, draft_fn=draft_fn))))
             for b in sweep:
                 if b != block_size:
-                    rows.append(("dflash", b, _last(pair.dflash(ids, max_tokens, b))))
+                    rows.append(("dflash", b, _last(pair.dflash(ids, max_tokens, b, min_confidence=min_confidence))))
             for engine, b, s in rows:
                 runs.append({
                     "repeat": r, "prompt": i, "engine": engine, "block_size": b,
@@ -59,7 +63,8 @@ def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, b
     return {
         "config": {
             "model": pair.name, "max_tokens": max_tokens, "repeat": repeat, "block_size": block_size,
-            "prompts": prompts, "chat_template": chat_template, "oracle": oracle, "sweep": list(sweep),
+            "min_confidence": min_confidence, "prompts": prompts, "chat_template": chat_template,
+            "oracle": oracle, "sweep": list(sweep),
             "machine": {"platform": platform.platform(), "processor": platform.processor(), **backend.describe()},
         },
         "runs": runs,

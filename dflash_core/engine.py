@@ -19,6 +19,15 @@ def accepted_length(drafted: list, posterior: list) -> int:
     return a
 
 
+def confident_prefix(confidence: list, min_confidence: float) -> int:
+    """How many leading proposals go to the target: the first always, then each while the
+    draft's top-1 probability stays >= min_confidence (0 sends all)."""
+    k = 1
+    while k < len(confidence) and confidence[k] >= min_confidence:
+        k += 1
+    return k
+
+
 def _finish(tokens: list, new: list, max_tokens: int, eos: set):
     """Append new tokens up to max_tokens or the first EOS; return the stop reason or None."""
     for tok in new:
@@ -39,9 +48,12 @@ def dflash_generate(
     eos_ids: set,
     should_stop: Callable[[], bool] = lambda: False,
     draft_fn: Optional[Callable] = None,
+    min_confidence: float = 0.0,
 ) -> Iterator:
     """Yields one CycleEvent per cycle, then a RunSummary. `draft_fn(ctx_tokens, B)` replaces the
-    draft model's proposals (the oracle mode of the benchmark and the tests)."""
+    draft model's proposals (the oracle mode of the benchmark and the tests). With min_confidence
+    > 0 the target verifies only the proposals the draft is sure of (see confident_prefix): where
+    each verified row costs time (a CPU), rows that would likely be rejected are not worth it."""
     B, mask_id = block_size, draft.config.mask_token_id
     mx.reset_peak_memory()
     ctx = DraftContext(draft)
@@ -55,25 +67,30 @@ def dflash_generate(
         t = time.perf_counter()
         if draft_fn is None:
             block = target.embed(mx.array([staged] + [mask_id] * (B - 1)))[None]
-            hidden = draft(block, ctx.kv, ctx.length)
-            drafted = mx.argmax(target.head(hidden[:, 1:]), axis=-1)[0].tolist()
+            logits = target.head(draft(block, ctx.kv, ctx.length)[:, 1:])[0]
+            drafted = mx.argmax(logits, axis=-1).tolist()
+            verified = B - 1
+            if min_confidence > 0:
+                top1 = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
+                verified = confident_prefix(top1.tolist(), min_confidence)
         else:
             drafted = draft_fn(prompt_ids + tokens + [staged], B)
+            verified = B - 1
         t_draft = time.perf_counter()
 
-        # verify: one target forward over [staged, d0 .. d(B-2)]
-        logits, taps = target.verify([staged] + drafted)
+        # verify: one target forward over [staged, d0 .. d(verified-1)]
+        logits, taps = target.verify([staged] + drafted[:verified])
         posterior = mx.argmax(logits, axis=-1).tolist()
         t_verify = time.perf_counter()
 
         # accept + commit: staged plus the agreeing prefix; the target's next choice is staged
-        a = accepted_length(drafted, posterior)
+        a = accepted_length(drafted[:verified], posterior)
         committed = [staged] + drafted[:a]
         staged = posterior[a]
 
         # rollback: the target keeps exactly the committed tokens; the draft's context grows
         # by their hidden states only
-        target.rollback(kept=a + 1, fed=B)
+        target.rollback(kept=a + 1, fed=verified + 1)
         mx.eval(target.gdn_state())
         ctx.extend([h[:, : a + 1] for h in taps])
         t_rollback = time.perf_counter()
@@ -82,7 +99,7 @@ def dflash_generate(
         stop = _finish(tokens, committed, max_tokens, eos_ids)
         if stop is None and should_stop():
             stop = "cancelled"
-        drafted_total += B - 1
+        drafted_total += verified
         accepted_total += a
         for k in range(a):
             per_pos[k] += 1
@@ -90,11 +107,12 @@ def dflash_generate(
             cycle=cycle,
             staged_token=committed[0],
             drafted=drafted,
+            verified=verified,
             posterior=posterior,
             accepted_len=a,
             committed=tokens[n_before:],
             next_staged=staged,
-            kv_trimmed=B - 1 - a,
+            kv_trimmed=verified - a,
             gdn_replayed=a + 1 if target.hybrid else 0,
             draft_ms=(t_draft - t) * 1e3,
             verify_ms=(t_verify - t_draft) * 1e3,
@@ -111,6 +129,7 @@ def dflash_generate(
         stop_reason=stop,
         peak_memory_mb=mx.get_peak_memory() / 2**20,
         block_size=B,
+        min_confidence=min_confidence,
         cycles=cycle,
         drafted_tokens=drafted_total,
         accepted_tokens=accepted_total,

@@ -11,11 +11,12 @@ class CycleEvent:
     cycle: int  # 0-based
     staged_token: int  # the target's own choice, known before this cycle
     drafted: list  # the draft's B-1 proposals
-    posterior: list  # the target's greedy choice after each of the B block positions
+    verified: int  # how many of them the target checked: B-1, fewer under min_confidence
+    posterior: list  # the target's greedy choice after each of the verified + 1 positions
     accepted_len: int  # a: longest prefix where drafted == posterior[:-1]
     committed: list  # [staged, drafted[:a]] (cut at EOS / max tokens)
-    next_staged: int  # posterior[a]: a correction when a < B-1, a bonus when a = B-1
-    kv_trimmed: int  # attention-cache entries dropped per attention layer (B-1-a)
+    next_staged: int  # posterior[a]: a correction when a < verified, a bonus when a = verified
+    kv_trimmed: int  # attention-cache entries dropped per attention layer (verified - a)
     gdn_replayed: int  # GatedDeltaNet steps replayed per linear layer (a+1; 0 if none)
     draft_ms: float
     verify_ms: float
@@ -28,7 +29,7 @@ class CycleEvent:
 
     @property
     def is_bonus(self) -> bool:
-        return self.accepted_len == len(self.drafted)
+        return self.accepted_len == self.verified
 
 
 @dataclass
@@ -50,8 +51,9 @@ class RunSummary:
     stop_reason: str  # "eos" | "max_tokens" | "cancelled"
     peak_memory_mb: float
     block_size: int = 0
+    min_confidence: float = 0.0
     cycles: int = 0
-    drafted_tokens: int = 0
+    drafted_tokens: int = 0  # proposals the target verified
     accepted_tokens: int = 0
     accepted_per_position: list = field(default_factory=list)  # k=1..B-1: cycles accepting >= k
 
@@ -92,6 +94,7 @@ class RunSummary:
         if self.engine == "dflash":
             out.update(
                 block_size=self.block_size,
+                min_confidence=self.min_confidence,
                 cycles=self.cycles,
                 tokens_per_cycle=round(self.tokens_per_cycle, 3),
                 drafted_tokens=self.drafted_tokens,

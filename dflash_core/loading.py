@@ -199,12 +199,16 @@ class Pair:
     def decode(self, ids: list) -> str:
         return self.tokenizer.decode(ids)
 
-    def dflash(self, prompt_ids, max_tokens, block_size=None, should_stop=lambda: False, draft_fn=None):
-        """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread."""
+    def dflash(self, prompt_ids, max_tokens, block_size=None, should_stop=lambda: False, draft_fn=None,
+               min_confidence=None):
+        """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread.
+        min_confidence None: the backend's default (backend.default_min_confidence)."""
         block_size = self.block_size if block_size is None else block_size
         self.check_request(prompt_ids, max_tokens, block_size)
-        return self._run("dflash", dflash_generate(self.target, self.draft, prompt_ids, max_tokens,
-                                                   block_size, self.eos_ids, should_stop, draft_fn))
+        if min_confidence is None:
+            min_confidence = backend.default_min_confidence()
+        return self._run("dflash", dflash_generate(self.target, self.draft, prompt_ids, max_tokens, block_size,
+                                                   self.eos_ids, should_stop, draft_fn, min_confidence))
 
     def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False, sampler=None):
         """TokenEvents, then a RunSummary: plain decoding via mlx-lm (greedy unless a sampler)."""

@@ -122,7 +122,7 @@ class Metrics:
 
     def cycle(self, ev: CycleEvent):
         self.drafts.inc()
-        self.draft_tokens.inc(len(ev.drafted))
+        self.draft_tokens.inc(ev.verified)
         self.accepted.inc(ev.accepted_len)
         for k in range(ev.accepted_len):
             self.accepted_per_pos.labels(position=str(k)).inc()

@@ -5,7 +5,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from dflash_core.engine import accepted_length, oracle_draft
+from dflash_core.engine import accepted_length, confident_prefix, oracle_draft
 from dflash_core.events import CycleEvent, RunSummary
 from dflash_core.random_models import FAMILIES
 from dflash_core.target import Target
@@ -33,6 +33,20 @@ def test_accepted_length(drafted, posterior, expected):
     assert accepted_length(drafted, posterior) == expected
 
 
+@pytest.mark.parametrize(
+    "confidence, threshold, expected",
+    [
+        ([0.9, 0.8, 0.7], 0.0, 3),  # 0: all
+        ([0.1, 0.9, 0.9], 0.5, 3),  # the first always goes, whatever its confidence
+        ([0.9, 0.3, 0.9], 0.5, 1),  # a leading prefix: a later confident one is not sent
+        ([0.9, 0.6, 0.4, 0.9], 0.5, 2),
+        ([0.9, 0.9], 1.0, 1),
+    ],
+)
+def test_confident_prefix(confidence, threshold, expected):
+    assert confident_prefix(confidence, threshold) == expected
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("block_size", [16, 5, 2])
 def test_random_draft_is_lossless(random_pairs, family, block_size):
@@ -40,7 +54,8 @@ def test_random_draft_is_lossless(random_pairs, family, block_size):
     for prompt in PROMPTS:
         ids = pair.encode(prompt, chat_template=False)
         _, base = run(pair.baseline(ids, 40))
-        cycles, summary = run(pair.dflash(ids, 40, block_size))
+        cycles, summary = run(pair.dflash(ids, 40, block_size, min_confidence=0.0))
+        assert all(ev.verified == block_size - 1 for ev in cycles)
         assert summary.tokens == base.tokens, prompt
         assert [t for ev in cycles for t in ev.committed] == summary.tokens
         assert summary.cycles == len(cycles)

@@ -49,6 +49,26 @@ def test_shipped_pair_is_lossless_and_accepts_drafts(name):
     assert tokens / cycles > 1.2
 
 
+def test_min_confidence_verifies_fewer_rows_and_stays_lossless():
+    """With a threshold the target checks only the draft's confident leading proposals: the
+    output is still plain greedy's, and the events account for the shorter verify."""
+    pair = load_pair("stdlib-coder")
+    prompts = json.loads((SHIPPED["stdlib-coder"][0] / "eval_prompts.json").read_text())["heldout"][:2]
+    verified = []
+    for prompt in prompts:
+        ids = pair.encode(prompt)
+        *_, ref = pair.baseline(ids, 96)
+        *cycles, ours = pair.dflash(ids, 96, min_confidence=0.4)
+        assert ours.tokens == ref.tokens
+        for ev in cycles:
+            assert 1 <= ev.verified <= 15 and len(ev.posterior) == ev.verified + 1
+            assert ev.accepted_len <= ev.verified and ev.kv_trimmed == ev.verified - ev.accepted_len
+            assert ev.next_staged == ev.posterior[ev.accepted_len]
+        assert ours.drafted_tokens == sum(ev.verified for ev in cycles) and ours.min_confidence == 0.4
+        verified += [ev.verified for ev in cycles]
+    assert min(verified) < 15 and max(verified) > 1  # truncated by confidence, not always to one
+
+
 def test_shipped_pairs_load_offline(tmp_path):
     """A fresh interpreter with HF_HUB_OFFLINE=1 and an empty HF cache loads both pairs."""
     code = ("import dflash_core; from dflash_core.loading import load_pair, SHIPPED\n"

@@ -100,8 +100,8 @@ class ScriptedPair:
 
     def dflash(self, ids, max_tokens, block_size, should_stop):
         self._note("dflash start")
-        yield CycleEvent(0, self.ours[0], self.ours[1:3], self.ours[1:3] + [7], 2, self.ours[:3], 7, 0, 0, 1.0, 2.0, 0.1, 0.01)
-        yield CycleEvent(1, self.ours[3], [9], [self.ours[4], 1], 0, self.ours[3:4], self.ours[4], 1, 0, 1.0, 2.0, 0.1, 0.02)
+        yield CycleEvent(0, self.ours[0], self.ours[1:3], 2, self.ours[1:3] + [7], 2, self.ours[:3], 7, 0, 0, 1.0, 2.0, 0.1, 0.01)
+        yield CycleEvent(1, self.ours[3], [9], 1, [self.ours[4], 1], 0, self.ours[3:4], self.ours[4], 1, 0, 1.0, 2.0, 0.1, 0.02)
         self._note("dflash end")
         yield RunSummary("dflash", len(ids), self.ours[:4], 0.01, 0.02, "max_tokens", 1.0, block_size=3, cycles=2)
 

@@ -15,13 +15,16 @@ def text(tok):
 
 
 def cycle(i, staged, drafted, posterior, committed=None, t=0.1):
+    """posterior has one entry per verified position: shorter than drafted + 1 means the rest
+    of the proposals were not verified (the draft was unsure)."""
+    verified = len(posterior) - 1
     a = 0
-    while a < len(drafted) and drafted[a] == posterior[a]:
+    while a < verified and drafted[a] == posterior[a]:
         a += 1
     return CycleEvent(
-        cycle=i, staged_token=staged, drafted=drafted, posterior=posterior, accepted_len=a,
+        cycle=i, staged_token=staged, drafted=drafted, verified=verified, posterior=posterior, accepted_len=a,
         committed=committed if committed is not None else [staged] + drafted[:a], next_staged=posterior[a],
-        kv_trimmed=len(drafted) - a, gdn_replayed=0, draft_ms=2.0, verify_ms=5.0, rollback_ms=0.5, t=t,
+        kv_trimmed=verified - a, gdn_replayed=0, draft_ms=2.0, verify_ms=5.0, rollback_ms=0.5, t=t,
     )
 
 
@@ -158,6 +161,30 @@ def test_inspector_rows():
     assert "2 KV-cache entries trimmed" in markup and "0 GatedDeltaNet steps replayed" in markup
     bonus = render.inspector_html(cycle(0, 1, [2, 3], [2, 3, 4]), text)
     assert "bonus" in bonus and "GatedDeltaNet" not in bonus
+
+
+def test_unverified_proposals_are_shown_apart_from_rejected_ones():
+    """Under --min-confidence the target checks only the first proposals: the rest are neither
+    accepted nor rejected, and the inspector has no target choice for them."""
+    part = cycle(0, 1, [2, 3, 4, 5], [2, 9, 6])  # 2 of 4 verified: accepts 1, rejects at 2
+    spans = Spans(render.dflash_tokens_html([part], pieces_of([part]), text)).spans
+    assert kinds(render.dflash_tokens_html([part], pieces_of([part]), text)) == [
+        "tok-target", "tok-accepted", "tok-rejected", "tok-unverified", "tok-unverified"]
+    assert "accepted 1/2 · 2 unsure proposals not verified" in spans[2][1]
+    assert "not verified" in spans[3][1] and "target wanted" not in spans[3][1]
+    bonus = cycle(1, 1, [2, 3, 4, 5], [2, 3, 7])  # both verified ones accepted: a bonus
+    assert kinds(render.dflash_tokens_html([bonus], pieces_of([bonus]), text))[-2:] == ["tok-unverified"] * 2
+    markup = render.inspector_html(part, text)
+
+    def row(name):
+        cells = markup.split(name)[1].split("</tr>")[0]
+        return [x.split("<")[0] for x in cells.split('">')[1:]]
+
+    assert row("match") == ["✓", "✗", "–", "–"]
+    assert row("cumulative product") == ["1", "0", "–", "–"]
+    assert "<b>1</b> of 2 verified (2 unsure proposals not verified)" in markup
+    assert "target read 3 tokens, not 5" in markup
+    assert render.dflash_extra(cycles=[part, bonus])[1][1] == "75%"  # 3 accepted of 4 verified
 
 
 def test_verdicts_and_speedup():

@@ -36,7 +36,9 @@ decoding — just fewer target passes.
 (never at the same time). The race replays both on one clock from their recorded timestamps.
 In the DFlash pane, each cycle is one group: the <span class="tok tok-target">staged</span> token
 the target chose, the <span class="tok tok-accepted">accepted</span> draft tokens, then the
-<span class="tok tok-rejected">rejected</span> draft tokens after the first disagreement.
+<span class="tok tok-rejected">rejected</span> draft tokens after the first disagreement
+(and, on a CPU, <span class="tok tok-unverified">unverified</span> ones: guesses the draft was unsure of,
+which the target does not check).
 Acceptance rate here is accepted draft tokens ÷ drafted tokens; tokens/cycle counts the staged token.
 """
 

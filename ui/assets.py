@@ -22,6 +22,8 @@ CSS = """
 .tok-rejected { background: rgba(244, 63, 94, 0.16); color: rgba(225, 29, 72, 0.95); text-decoration: line-through;
   text-decoration-color: rgba(225, 29, 72, 0.8); font-size: 0.86em; opacity: 0.85; }
 .dark .tok-rejected { color: rgba(251, 113, 133, 0.95); }
+.tok-unverified { color: rgba(128, 128, 128, 0.9); text-decoration: line-through dotted; font-size: 0.86em;
+  opacity: 0.7; }
 .tok-blank { outline: 1px dotted rgba(128, 128, 128, 0.45); }
 .tok-more { font-size: 0.75em; opacity: 0.6; padding: 0 3px; }
 .cycle { border-right: 1px solid rgba(128, 128, 128, 0.35); padding-right: 1px; margin-right: 1px; }
@@ -74,6 +76,7 @@ CSS = """
 .inspector .ws, .explain .ws { opacity: 0.75; }
 .inspector td.staged { background: rgba(99, 102, 241, 0.22); }
 .inspector td.mask { opacity: 0.5; }
+.inspector td.unverified { opacity: 0.45; }
 .inspector td.acc { background: rgba(16, 185, 129, 0.2); }
 .inspector td.rej { background: rgba(244, 63, 94, 0.14); text-decoration: line-through; }
 .inspector td.fix { background: rgba(99, 102, 241, 0.22); font-weight: 700; }

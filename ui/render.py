@@ -75,9 +75,11 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
     """One cycle: the staged (target-chosen) token, the accepted drafts, then the rejected drafts
     struck through. `pieces` are the texts of `ev.committed`; `draft_text(id)` decodes one
     proposal on its own. At most `max_rejected` rejected drafts are shown (None = all)."""
-    a, B = ev.accepted_len, ev.block_size
+    a, v = ev.accepted_len, ev.verified
     head = f"cycle {ev.cycle}"
-    tail = f"accepted {a}/{B - 1}" + (" (all: bonus token next)" if ev.is_bonus else "")
+    tail = f"accepted {a}/{v}" + (" (all: bonus token next)" if ev.is_bonus else "")
+    if v < len(ev.drafted):
+        tail += f" · {len(ev.drafted) - v} unsure proposals not verified"
     out = []
     for k, text in enumerate(pieces):
         if k == 0:
@@ -91,9 +93,13 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
         shown = rejected if max_rejected is None else rejected[:max_rejected]
         for j, tok in enumerate(shown):
             k = a + 1 + j
-            why = f"target wanted {draft_text(ev.posterior[a])!r}" if j == 0 else "after the rejection point"
-            tip = f"{head} · block position {k} · rejected draft token ({why}) · {tail}"
-            out.append(_token_span(draft_text(tok), "tok-rejected", tip, inline=True))
+            if k > v:
+                why, cls = "not verified: the draft was unsure", "tok-unverified"
+            else:
+                why = f"target wanted {draft_text(ev.posterior[a])!r}" if j == 0 else "after the rejection point"
+                cls = "tok-rejected"
+            tip = f"{head} · block position {k} · {'unverified' if k > v else 'rejected'} draft token ({why}) · {tail}"
+            out.append(_token_span(draft_text(tok), cls, tip, inline=True))
         if len(shown) < len(rejected):
             more = len(rejected) - len(shown)
             out.append(f'<span class="tok-more" title="{more} more rejected draft tokens in cycle {ev.cycle}">+{more}</span>')
@@ -153,12 +159,12 @@ def dflash_extra(summary: RunSummary = None, cycles: list = ()) -> list:
         tau, rate = summary.tokens_per_cycle, summary.acceptance_rate
     elif cycles:
         tau = sum(len(c.committed) for c in cycles) / len(cycles)
-        rate = sum(c.accepted_len for c in cycles) / sum(len(c.drafted) for c in cycles)
+        rate = sum(c.accepted_len for c in cycles) / sum(c.verified for c in cycles)
     else:
         return [("tokens/cycle", "–", ""), ("accept rate", "–", "")]
     return [
         ("tokens/cycle", f"{tau:.2f}", "mean tokens committed per cycle (tau, counts the staged token)"),
-        ("accept rate", f"{100 * rate:.0f}%", "accepted draft tokens / drafted tokens"),
+        ("accept rate", f"{100 * rate:.0f}%", "accepted draft tokens / draft tokens the target verified"),
     ]
 
 
@@ -237,7 +243,7 @@ def race_html(baseline_pieces: list, baseline_times: list, dflash_pieces: list, 
 def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: bool = False) -> str:
     """One cycle laid out as a table over block positions 0..B-1, then what was committed and
     rolled back. `token_text(id)` decodes one token."""
-    B, a = ev.block_size, ev.accepted_len
+    B, a, v = ev.block_size, ev.accepted_len, ev.verified
 
     def cell(tok, cls=""):
         return f'<td class="{cls}"><code>{show_text(token_text(tok), inline=True) or "&nbsp;"}</code></td>'
@@ -245,15 +251,19 @@ def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: 
     head = "".join(f"<th>{k}</th>" for k in range(B))
     block = cell(ev.staged_token, "staged") + "".join(f'<td class="mask"><code>{esc(mask_text)}</code></td>' for _ in range(B - 1))
     drafted = "<td></td>" + "".join(
-        cell(t, "acc" if k < a else "rej") for k, t in enumerate(ev.drafted))
-    # posterior[k-1] is the target's choice for block position k (computed at position k-1)
-    wanted = "<td></td>" + "".join(cell(ev.posterior[k], "acc" if k < a else ("fix" if k == a else "")) for k in range(B - 1))
+        cell(t, "acc" if k < a else ("rej" if k < v else "unverified")) for k, t in enumerate(ev.drafted))
+    # posterior[k-1] is the target's choice for block position k (computed at position k-1);
+    # positions past the verified ones were not sent to the target
+    unchecked = '<td class="unverified">–</td>' * (B - 1 - v)
+    wanted = "<td></td>" + "".join(cell(ev.posterior[k], "acc" if k < a else ("fix" if k == a else "")) for k in range(v)) + unchecked
     match, cum, run = ["<td></td>"], ["<td></td>"], 1
-    for k in range(B - 1):
+    for k in range(v):
         m = int(ev.drafted[k] == ev.posterior[k])
         run *= m
         match.append(f'<td class="{"yes" if m else "no"}">{"✓" if m else "✗"}</td>')
         cum.append(f'<td class="{"yes" if run else "no"}">{run}</td>')
+    match.append(unchecked)
+    cum.append(unchecked)
     rows = [
         ("block into the draft", block),
         ("draft proposes", drafted),
@@ -272,7 +282,8 @@ def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: 
         rollback += f"; {ev.gdn_replayed} GatedDeltaNet step{'' if ev.gdn_replayed == 1 else 's'} replayed per linear layer"
     facts = (
         f"<div class='facts'>"
-        f"<div><span class='k'>accepted length</span> <b>{a}</b> of {B - 1}</div>"
+        f"<div><span class='k'>accepted length</span> <b>{a}</b> of {v} verified"
+        f"{f' ({B - 1 - v} unsure proposals not verified)' if v < B - 1 else ''}</div>"
         f"<div><span class='k'>committed</span> {committed} <span class='muted'>({len(ev.committed)} tokens)</span></div>"
         f"<div><span class='k'>next staged ({kind})</span> <span class='tok tok-target'>{show_text(nxt, inline=True)}</span></div>"
         f"<div><span class='k'>rollback</span> {esc(rollback)}</div>"
@@ -288,7 +299,7 @@ def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: 
 
 def explain(ev: CycleEvent, token_text) -> str:
     """The cycle in plain words (escaped HTML)."""
-    B, a = ev.block_size, ev.accepted_len
+    B, a, v = ev.block_size, ev.accepted_len, ev.verified
 
     def q(tok):
         return f"<code>{show_text(token_text(tok), inline=True)}</code>"
@@ -299,8 +310,13 @@ def explain(ev: CycleEvent, token_text) -> str:
         f"The target then read the {B} tokens in one forward pass and said, at every position, "
         "which token it would pick itself.",
     ]
+    if v < B - 1:
+        s[1] = (f"The draft was sure of only the first {v} (each at least the confidence threshold; "
+                f"the first always goes), so the target read {v + 1} tokens, not {B}: on a CPU every "
+                "verified position costs time, and unsure guesses are rarely accepted. It said, at "
+                "every position, which token it would pick itself.")
     if ev.is_bonus:
-        s.append(f"It agreed with every guess, so all {a} were kept, and its pick after the last one, "
+        s.append(f"It agreed with every {'verified ' if v < B - 1 else ''}guess, so all {a} were kept, and its pick after the last one, "
                  f"{q(ev.next_staged)}, comes free: a bonus token, staged for the next cycle.")
     elif a == 0:
         s.append(f"It disagreed at the first guess (the draft said {q(ev.drafted[0])}, the target wanted "

@@ -3,7 +3,7 @@ import json
 from pathlib import Path
 
 from ..benchmark import load_prompts, run_benchmark
-from .common import add_pair_args, load, log, positive_int
+from .common import add_min_confidence_arg, add_pair_args, load, log, positive_int
 
 
 def add_parser(sub):
@@ -16,6 +16,7 @@ def add_parser(sub):
     p.add_argument("--repeat", type=positive_int, default=3)
     p.add_argument("--block-size", type=positive_int)
     p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")
+    add_min_confidence_arg(p)
     p.add_argument("--oracle", action="store_true", help="also run an oracle draft (the target's own continuation): the ceiling at full acceptance")
     p.add_argument("--sweep", help="comma-separated block sizes to sweep, e.g. 4,8,12,16")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on stdout")
@@ -38,7 +39,7 @@ def run(args) -> int:
     sweep = _sizes(args.sweep) if args.sweep else []
     pair = load(args)
     res = run_benchmark(pair, prompts, args.max_tokens, args.repeat, args.block_size, args.chat_template,
-                        args.oracle, sweep, log=log)
+                        args.oracle, sweep, log=log, min_confidence=args.min_confidence)
     if args.save:
         Path(args.save).write_text(json.dumps(res, indent=2))
     if args.plot:

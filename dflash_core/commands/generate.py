@@ -2,7 +2,7 @@
 import json
 
 from ..events import CycleEvent, RunSummary
-from .common import add_pair_args, load, log, positive_int
+from .common import add_min_confidence_arg, add_pair_args, load, log, positive_int
 
 
 def add_parser(sub):
@@ -11,6 +11,7 @@ def add_parser(sub):
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=positive_int, default=256)
     p.add_argument("--block-size", type=positive_int, help="2 .. the draft's block size (default: the draft's)")
+    add_min_confidence_arg(p)
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--compare-baseline", action="store_true", help="also run plain greedy decoding and compare")
@@ -21,7 +22,7 @@ def run(args) -> int:
     pair = load(args)
     ids = pair.encode(args.prompt, chat_template=not args.no_chat_template)
     summary = None
-    for ev in pair.dflash(ids, args.max_tokens, args.block_size):
+    for ev in pair.dflash(ids, args.max_tokens, args.block_size, min_confidence=args.min_confidence):
         if isinstance(ev, CycleEvent) and not args.json:
             print(pair.decode(ev.committed), end="", flush=True)
         elif isinstance(ev, RunSummary):
