@@ -57,10 +57,11 @@ def test_prompt_run_shows_colored_cycles_verdict_and_charts(served, page):
 
 def test_query_parameters_prefill_the_form(served, page):
     text = "class Queue:\n    <b>'quoted'</b>"
-    page.goto(f"{served[0]}?prompt={quote(text)}&max_tokens=17&block_size=5")
+    page.goto(f"{served[0]}?prompt={quote(text)}&max_tokens=17&block_size=5&min_confidence=0.35")
     expect(page.locator("#prompt textarea")).to_have_value(text, timeout=30_000)
     expect(page.locator("#max-tokens input[type=number]")).to_have_value("17")
     expect(page.locator("#block-size input[type=number]")).to_have_value("5")
+    expect(page.locator("#min-confidence input[type=number]")).to_have_value("0.35")
     page.locator("#copy-link").click()
     expect(page.locator("#permalink textarea, #permalink input")).to_have_value(
-        f"{served[0]}?prompt={quote(text, safe='')}&max_tokens=17&block_size=5&chat=0".replace("%20", "+"))
+        f"{served[0]}?prompt={quote(text, safe='')}&max_tokens=17&block_size=5&chat=0&min_confidence=0.35".replace("%20", "+"))

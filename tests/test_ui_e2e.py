@@ -18,8 +18,9 @@ OUTPUTS = ["status", "b_stats", "b_out", "d_stats", "d_out", "speedup", "lossles
            "plot0", "plot1", "plot2", "plot3", "plot4", "slider", "inspector", "export", "state"]
 
 
-def run(client, key, prompt=PROMPT, max_tokens=MAX_TOKENS, block_size=16, chat=False):
-    return dict(zip(OUTPUTS, client.predict(prompt, key, max_tokens, block_size, chat, api_name="/run")))
+def run(client, key, prompt=PROMPT, max_tokens=MAX_TOKENS, block_size=16, chat=False, min_confidence=0.0):
+    return dict(zip(OUTPUTS, client.predict(prompt, key, max_tokens, block_size, chat, min_confidence,
+                                            api_name="/run")))
 
 
 def visible_text(markup):
@@ -49,6 +50,19 @@ def test_run_shows_both_engines_and_identical_output(served, client):
     assert visible_text("".join(committed)) == visible_text(out["b_out"])
     assert "decode speedup" in out["speedup"] and "Cycle" in out["inspector"]
     assert out["slider"]["maximum"] == len(dflash["events"]) - 1
+    assert exported["settings"]["min_confidence"] == 0.0 and "tok-unverified" not in out["d_out"]
+
+
+def test_verify_threshold_leaves_unsure_guesses_unverified_and_output_identical(served, client):
+    """At threshold 1 the target checks only the first guess of every cycle: the rest of each
+    block shows as unverified, and the output is still plain greedy's."""
+    out = run(client, served[1], min_confidence=1.0)
+    assert "lossless identical" in out["lossless"] and "tok-unverified" in out["d_out"]
+    with open(out["export"]["value"] if isinstance(out["export"], dict) else out["export"]) as f:
+        exported = json.load(f)
+    events = exported["dflash"]["events"]
+    assert exported["settings"]["min_confidence"] == 1.0 and all(e["verified"] == 1 for e in events)
+    assert exported["dflash"]["summary"]["drafted_tokens"] == len(events)
 
 
 def test_bad_input_is_a_panel_and_the_app_keeps_serving(served, client):
@@ -98,7 +112,7 @@ class ScriptedPair:
         self._note("baseline end")
         yield RunSummary("baseline", len(ids), self.reference, 0.01, 0.05, "max_tokens", 1.0)
 
-    def dflash(self, ids, max_tokens, block_size, should_stop):
+    def dflash(self, ids, max_tokens, block_size, should_stop, min_confidence=None):
         self._note("dflash start")
         yield CycleEvent(0, self.ours[0], self.ours[1:3], 2, self.ours[1:3] + [7], 2, self.ours[:3], 7, 0, 0, 1.0, 2.0, 0.1, 0.01)
         yield CycleEvent(1, self.ours[3], [9], 1, [self.ours[4], 1], 0, self.ours[3:4], self.ours[4], 1, 0, 1.0, 2.0, 0.1, 0.02)
@@ -139,7 +153,7 @@ def test_stop_ends_within_a_cycle_and_keeps_the_text(served):
 
 
 def test_stop_button_keeps_what_was_generated(served, client):
-    job = client.submit(PROMPT, served[1], 256, 2, False, api_name="/run")
+    job = client.submit(PROMPT, served[1], 256, 2, False, 0.0, api_name="/run")
     while not any("tok-target" in str(o) for o in job.outputs()):  # DFlash has started
         assert not job.done(), "the run ended before Stop could be pressed"
         time.sleep(0.02)

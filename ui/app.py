@@ -11,6 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from dflash_core.backend import default_min_confidence
 from dflash_core.errors import DFlashError
 from dflash_core.loading import ASSETS as SHIPPED_DIR
 from dflash_core.worker import default_worker
@@ -96,7 +97,7 @@ class Playground:
 
     # --- permalink ----------------------------------------------------------------------
     def prefill(self, key, request: gr.Request):
-        """Fill the form from ?prompt=...&max_tokens=...&block_size=...&chat=..."""
+        """Fill the form from ?prompt=...&max_tokens=...&block_size=...&chat=...&min_confidence=..."""
         q = dict(request.query_params) if request else {}
         try:
             info = self.pair_info(key) if key else render.error_html("no model pairs are available on this host")
@@ -110,11 +111,16 @@ class Playground:
             except ValueError:
                 return default
 
+        try:
+            min_confidence = max(0.0, min(1.0, float(q.get("min_confidence", default_min_confidence()))))
+        except ValueError:
+            min_confidence = default_min_confidence()
         return (
             q.get("prompt", example_prompts()[0]),
             number("max_tokens", min(128, cap), 1, cap),
             number("block_size", B, 2, B),
             q.get("chat", "0") in ("1", "true", "yes") if "chat" in q else self.catalogue.kind(key) == "hub",
+            min_confidence,
             info,
         )
 
@@ -132,7 +138,7 @@ class Playground:
         if event is not None:
             event.set()
 
-    def run(self, prompt, key, max_tokens, block_size, chat, request: gr.Request):
+    def run(self, prompt, key, max_tokens, block_size, chat, min_confidence, request: gr.Request):
         """Baseline, then DFlash, then the lossless check, streamed to the page."""
         ui = self.ui
         try:
@@ -148,7 +154,8 @@ class Playground:
         user_stop = threading.Event()
         session = request.session_hash if request else "local"
         self.stops[session] = user_stop
-        run = Comparison(pair.name, prompt, ids, max_tokens, block_size, bool(chat), hybrid=pair.target.hybrid)
+        run = Comparison(pair.name, prompt, ids, max_tokens, block_size, bool(chat), hybrid=pair.target.hybrid,
+                         min_confidence=float(min_confidence))
         view = RunView(pair)
         yield {**view.reset(ui), ui["status"]: render.info_html(f"prompt: {len(ids)} tokens · running the baseline …")}
         last_frame = last_chart = 0.0
@@ -369,6 +376,11 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                 block_size = gr.Slider(2, B0, value=B0, step=1, label="Block size",
                                        info="tokens per block: staged + drafts (up to the draft's trained size)",
                                        elem_id="block-size")
+                min_confidence = gr.Slider(0, 1, value=default_min_confidence(), step=0.05,
+                                           label="Verify threshold (draft confidence)",
+                                           info="the target checks only the leading guesses the draft gives at "
+                                                "least this probability (the first always); 0 checks all",
+                                           elem_id="min-confidence")
                 chat = gr.Checkbox(False, label="Apply the chat template", elem_id="chat-template")
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary", elem_id="run", scale=2)
@@ -423,7 +435,7 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         outputs = [ui["status"], ui["b_stats"], ui["b_out"], ui["d_stats"], ui["d_out"], ui["speedup"],
                    ui["lossless"], ui["race"], *ui["plots"], ui["insp_slider"], ui["insp_html"], ui["export"],
                    ui["state"]]
-        run_inputs = [prompt, model_key, max_tokens, block_size, chat]
+        run_inputs = [prompt, model_key, max_tokens, block_size, chat, min_confidence]
         run_event = run_btn.click(play.run, run_inputs, outputs, concurrency_limit=concurrency,
                                   concurrency_id="mlx", show_progress="minimal",
                                   show_progress_on=[ui["status"]], api_name="run")
@@ -434,7 +446,7 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         stop_btn.click(play.stop, None, None, queue=False, api_name="stop")
         replay_btn.click(None, js=assets.RACE_JS)
         theme_btn.click(None, js=assets.THEME_JS)
-        link_btn.click(None, [prompt, max_tokens, block_size, chat], [link], js=assets.COPY_LINK_JS)
+        link_btn.click(None, [prompt, max_tokens, block_size, chat, min_confidence], [link], js=assets.COPY_LINK_JS)
         model_key.change(play.select_model, [model_key, block_size, max_tokens],
                          [model_info, block_size, max_tokens, chat], concurrency_id="mlx",
                          show_progress_on=[model_info], api_name="select_model")
@@ -446,7 +458,7 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                        api_visibility="private")
         next_btn.click(lambda shown, i: min(int(i) + 1, max(len(shown.run.cycles) - 1, 0)) if shown else 0,
                        [ui["state"], ui["insp_slider"]], [ui["insp_slider"]], queue=False, api_visibility="private")
-        demo.load(play.prefill, [model_key], [prompt, max_tokens, block_size, chat, model_info],
+        demo.load(play.prefill, [model_key], [prompt, max_tokens, block_size, chat, min_confidence, model_info],
                   api_visibility="private")
     demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
     demo.playground = play  # for hosts and tests: the catalogue and the MLX worker it uses

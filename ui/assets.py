@@ -132,13 +132,14 @@ RACE_JS = """
 
 # Builds a permalink for the current settings, copies it when the browser allows, and shows it.
 COPY_LINK_JS = """
-(prompt, maxTokens, blockSize, chat) => {
+(prompt, maxTokens, blockSize, chat, minConfidence) => {
   const u = new URL(window.location.href);
   u.search = '';
   u.searchParams.set('prompt', prompt);
   u.searchParams.set('max_tokens', maxTokens);
   u.searchParams.set('block_size', blockSize);
   u.searchParams.set('chat', chat ? '1' : '0');
+  u.searchParams.set('min_confidence', minConfidence);
   const link = u.toString();
   if (navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {});
   return link;

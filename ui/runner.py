@@ -17,6 +17,7 @@ class Comparison:
     block_size: int
     chat_template: bool
     hybrid: bool = False
+    min_confidence: float = None  # None: the backend's default
     stage: str = "queued"  # baseline | dflash | check | done
     baseline: list = field(default_factory=list)  # TokenEvents
     baseline_summary: RunSummary = None
@@ -47,7 +48,8 @@ class Comparison:
             "prompt": self.prompt,
             "prompt_ids": self.prompt_ids,
             "settings": {"max_tokens": self.max_tokens, "block_size": self.block_size,
-                         "chat_template": self.chat_template},
+                         "chat_template": self.chat_template,
+                         "min_confidence": self.dflash_summary.min_confidence if self.dflash_summary else None},
             "baseline": {"events": [to_dict(e) for e in self.baseline],
                          "summary": to_dict(self.baseline_summary) if self.baseline_summary else None},
             "dflash": {"events": [to_dict(e) for e in self.cycles],
@@ -92,7 +94,8 @@ def compare(worker, pair, run: Comparison, user_stop: threading.Event):
         run.stage, run.verdict = "done", "partial"
         yield run
         return
-    yield from _run_stage(worker, run, "dflash", lambda stop: pair.dflash(ids, n, B, stop), user_stop)
+    yield from _run_stage(worker, run, "dflash", lambda stop: pair.dflash(ids, n, B, stop, min_confidence=run.min_confidence),
+                          user_stop)
 
     run.stage = "check"
     yield run
