@@ -261,12 +261,34 @@ def lm_loss(model, inputs, targets, mask):
     return (ce * mask).sum() / mask.sum()
 
 
+SHARD_BYTES = 16 * 2**20  # weight files stay small enough for any git host
+
+
 def save_model(model, cfg: dict, out: Path, dtype=mx.float16):
-    """mlx-lm layout: model.safetensors + config.json (tokenizer files are written separately)."""
+    """mlx-lm layout: config.json + weights (tokenizer files are written separately)."""
     out.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.astype(dtype) for k, v in tree_flatten(model.parameters())}
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    write_weights(out, {k: v.astype(dtype) for k, v in tree_flatten(model.parameters())})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def write_weights(out: Path, weights: dict, max_shard_bytes: int = SHARD_BYTES):
+    """model.safetensors, or model-0000k-of-0000n.safetensors shards + model.safetensors.index.json
+    when larger than max_shard_bytes (the Hugging Face layout, which mlx-lm reads)."""
+    shards = [{}]
+    for name, w in weights.items():
+        if shards[-1] and sum(x.nbytes for x in shards[-1].values()) + w.nbytes > max_shard_bytes:
+            shards.append({})
+        shards[-1][name] = w
+    n = len(shards)
+    files = ["model.safetensors"] if n == 1 else [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+    for old in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
+        old.unlink(missing_ok=True)  # an earlier save may have had another shard count
+    for file, shard in zip(files, shards):
+        mx.save_safetensors(str(out / file), shard, metadata={"format": "mlx"})
+    if n > 1:
+        index = {"metadata": {"total_size": sum(w.nbytes for w in weights.values())},
+                 "weight_map": {name: file for file, shard in zip(files, shards) for name in shard}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
 def progress_bar(progress: float, width: int = 20) -> str:

@@ -3,6 +3,7 @@ checkpoint loads through the engine's loader and decodes exactly like plain gree
 training forward is the inference forward."""
 import inspect
 import json
+import shutil
 
 import mlx.core as mx
 import numpy as np
@@ -59,6 +60,29 @@ def test_train_target_writes_an_mlx_lm_model(trained):
     assert (target / "README.md").read_text().startswith("# stdlib target")
     summary = json.loads((target / "training.json").read_text())
     assert summary["steps"] == 30 and np.isfinite(summary["heldout_loss"])
+
+
+def test_large_weights_are_sharded_and_load_the_same(tmp_path, trained):
+    """Over the shard size the weights go to model-0000k-of-0000n files with an index; mlx-lm
+    and this project's loader read them back to the same logits."""
+    from mlx_lm.utils import load
+
+    from dflash_core.train_target import write_weights
+
+    target, _ = trained
+    sharded = tmp_path / "sharded"
+    shutil.copytree(target, sharded)
+    weights = mx.load(str(target / "model.safetensors"))
+    write_weights(sharded, weights, max_shard_bytes=sum(w.nbytes for w in weights.values()) // 3)
+    files = sorted(f.name for f in sharded.glob("*.safetensors"))
+    assert len(files) >= 3 and "model.safetensors" not in files and files[0].startswith("model-00001-of-")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(weights) and set(index["weight_map"].values()) == set(files)
+    ids = mx.array([[5, 6, 7, 8]])
+    (a, _), (b, _) = load(str(target)), load(str(sharded))
+    assert mx.array_equal(a(ids), b(ids))
+    write_weights(sharded, weights)  # saved again under the limit: one file, no stale shards
+    assert sorted(f.name for f in sharded.glob("model*")) == ["model.safetensors"]
 
 
 def test_train_draft_loss_falls(trained):
