@@ -65,17 +65,18 @@ def dflash_generate(
     while stop is None:
         # draft: one forward over [staged, MASK x (B-1)] proposes B-1 tokens
         t = time.perf_counter()
+        verified = B - 1
         if draft_fn is None:
             block = target.embed(mx.array([staged] + [mask_id] * (B - 1)))[None]
             logits = target.head(draft(block, ctx.kv, ctx.length)[:, 1:])[0]
-            drafted = mx.argmax(logits, axis=-1).tolist()
-            verified = B - 1
-            if min_confidence > 0:
+            proposals = mx.argmax(logits, axis=-1)
+            if min_confidence > 0:  # the draft's own probability of each proposal
                 top1 = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
+                mx.eval(proposals, top1)
                 verified = confident_prefix(top1.tolist(), min_confidence)
+            drafted = proposals.tolist()
         else:
             drafted = draft_fn(prompt_ids + tokens + [staged], B)
-            verified = B - 1
         t_draft = time.perf_counter()
 
         # verify: one target forward over [staged, d0 .. d(verified-1)]
