@@ -39,8 +39,10 @@ def run(args) -> int:
         print(json.dumps(out))
         return 0
     s = summary
+    checked = (f" (the target checked {s.drafted_tokens / s.cycles:.1f} of {s.block_size - 1} proposals per cycle, "
+               f"--min-confidence {s.min_confidence:g})") if s.min_confidence > 0 and s.cycles else ""
     log(f"\n[{s.generated} tokens, {s.decode_tps:.1f} tok/s, {s.tokens_per_cycle:.2f} tokens/cycle, "
-        f"acceptance rate {s.acceptance_rate:.1%}, prefill {s.prefill_s:.2f}s]")
+        f"acceptance rate {s.acceptance_rate:.1%}{checked}, prefill {s.prefill_s:.2f}s]")
     if args.compare_baseline:
         verdict = "identical" if out["identical"] else f"DIVERGED at {out['first_divergence']}"
         log(f"[baseline {out['baseline']['decode_tps']} tok/s, speedup {out['speedup']}x, output {verdict}]")
