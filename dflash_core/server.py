@@ -98,7 +98,7 @@ class Metrics:
     def __init__(self, block_size: int):
         self.registry = r = CollectorRegistry()
         self.drafts = Counter("dflash_spec_decode_num_drafts", "DFlash cycles (one draft block each)", registry=r)
-        self.draft_tokens = Counter("dflash_spec_decode_num_draft_tokens", "Tokens proposed by the draft", registry=r)
+        self.draft_tokens = Counter("dflash_spec_decode_num_draft_tokens", "Draft proposals the target verified", registry=r)
         self.accepted = Counter("dflash_spec_decode_num_accepted_tokens", "Draft tokens accepted by the target", registry=r)
         self.accepted_per_pos = Counter(
             "dflash_spec_decode_num_accepted_tokens_per_pos",
