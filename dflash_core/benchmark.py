@@ -21,7 +21,7 @@ def _last(events):
 
 def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, block_size: int = None,
                   chat_template: bool = False, oracle: bool = False, sweep: list = (), log=print,
-                  min_confidence: float = None) -> dict:
+                  min_confidence: float = None, confidence_sweep: list = ()) -> dict:
     block_size = pair.block_size if block_size is None else block_size
     if min_confidence is None:
         min_confidence = backend.default_min_confidence()
@@ -49,6 +49,9 @@ def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, b
             for b in sweep:
                 if b != block_size:
                     rows.append(("dflash", b, _last(pair.dflash(ids, max_tokens, b, min_confidence=min_confidence))))
+            for c in confidence_sweep:
+                if c != min_confidence:
+                    rows.append(("dflash", block_size, _last(pair.dflash(ids, max_tokens, block_size, min_confidence=c))))
             for engine, b, s in rows:
                 runs.append({
                     "repeat": r, "prompt": i, "engine": engine, "block_size": b,
@@ -64,17 +67,18 @@ def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, b
         "config": {
             "model": pair.name, "max_tokens": max_tokens, "repeat": repeat, "block_size": block_size,
             "min_confidence": min_confidence, "prompts": prompts, "chat_template": chat_template,
-            "oracle": oracle, "sweep": list(sweep),
+            "oracle": oracle, "sweep": list(sweep), "confidence_sweep": list(confidence_sweep),
             "machine": {"platform": platform.platform(), "processor": platform.processor(), **backend.describe()},
         },
         "runs": runs,
-        "summary": summarize(runs, block_size),
+        "summary": summarize(runs, block_size, min_confidence),
     }
 
 
-def summarize(runs: list, block_size: int) -> dict:
-    def pick(engine, b=block_size):
-        return [r for r in runs if r["engine"] == engine and r["block_size"] == b]
+def summarize(runs: list, block_size: int, min_confidence: float = 0.0) -> dict:
+    def pick(engine, b=block_size, c=min_confidence):
+        return [r for r in runs if r["engine"] == engine and r["block_size"] == b
+                and (engine != "dflash" or r["min_confidence"] == c)]
 
     base, dfl, orc = pick("baseline"), pick("dflash"), pick("oracle")
     out = {
@@ -101,6 +105,14 @@ def summarize(runs: list, block_size: int) -> dict:
             "speedup_median": _median([r["speedup"] for r in pick("dflash", b)]),
             "tokens_per_cycle_median": _median([r["tokens_per_cycle"] for r in pick("dflash", b)]),
         } for b in sizes]
+    levels = sorted({r["min_confidence"] for r in runs if r["engine"] == "dflash" and r["block_size"] == block_size})
+    if len(levels) > 1:
+        out["confidence_sweep"] = [{
+            "min_confidence": c,
+            "dflash_tps_median": _median([r["decode_tps"] for r in pick("dflash", c=c)]),
+            "speedup_median": _median([r["speedup"] for r in pick("dflash", c=c)]),
+            "tokens_per_cycle_median": _median([r["tokens_per_cycle"] for r in pick("dflash", c=c)]),
+        } for c in levels]
     return out
 
 

@@ -19,6 +19,7 @@ def add_parser(sub):
     add_min_confidence_arg(p)
     p.add_argument("--oracle", action="store_true", help="also run an oracle draft (the target's own continuation): the ceiling at full acceptance")
     p.add_argument("--sweep", help="comma-separated block sizes to sweep, e.g. 4,8,12,16")
+    p.add_argument("--confidence-sweep", help="comma-separated --min-confidence values to run side by side, e.g. 0,0.2,0.4")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on stdout")
     p.add_argument("--save", help="also write the results JSON to this file")
     p.add_argument("--plot", help="write a plotly chart of the results (.html, or .png if kaleido is installed)")
@@ -34,12 +35,26 @@ def _sizes(text):
         raise DFlashError(f"--sweep '{text}' is not a comma-separated list of block sizes") from None
 
 
+def _levels(text):
+    from ..errors import DFlashError
+
+    try:
+        levels = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DFlashError(f"--confidence-sweep '{text}' is not a comma-separated list of probabilities") from None
+    if not all(0 <= c <= 1 for c in levels):
+        raise DFlashError(f"--confidence-sweep '{text}': every value must be between 0 and 1")
+    return levels
+
+
 def run(args) -> int:
     prompts = load_prompts(args.prompt, args.prompts)
     sweep = _sizes(args.sweep) if args.sweep else []
+    levels = _levels(args.confidence_sweep) if args.confidence_sweep else []
     pair = load(args)
     res = run_benchmark(pair, prompts, args.max_tokens, args.repeat, args.block_size, args.chat_template,
-                        args.oracle, sweep, log=log, min_confidence=args.min_confidence)
+                        args.oracle, sweep, log=log, min_confidence=args.min_confidence,
+                        confidence_sweep=levels)
     if args.save:
         Path(args.save).write_text(json.dumps(res, indent=2))
     if args.plot:

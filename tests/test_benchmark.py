@@ -1,0 +1,23 @@
+"""The benchmark's side-by-side settings: each summary figure comes from its own runs only."""
+import statistics
+
+import dflash_core  # noqa: F401  (system BLAS before MLX)
+
+from dflash_core.benchmark import run_benchmark
+
+
+def test_confidence_sweep_runs_side_by_side_and_keeps_the_main_figures_apart(random_pairs):
+    res = run_benchmark(random_pairs["qwen3"], ["def fib(n):", "class A:"], max_tokens=24, repeat=1,
+                        log=lambda *a: None, min_confidence=0.0, confidence_sweep=[0.0, 1.0])
+    dflash = [r for r in res["runs"] if r["engine"] == "dflash"]
+    main = [r for r in dflash if r["min_confidence"] == 0.0]
+    strict = [r for r in dflash if r["min_confidence"] == 1.0]
+    assert len(main) == len(strict) == 2 and all(r["identical"] for r in dflash)
+    assert all(r["drafted_tokens"] == 15 * r["cycles"] for r in main)  # every proposal verified
+    assert all(r["drafted_tokens"] == r["cycles"] for r in strict)  # only the first, always
+    s = res["summary"]
+    assert s["dflash_tps_median"] == statistics.median(r["decode_tps"] for r in main)
+    assert s["tokens_per_cycle_median"] == statistics.median(r["tokens_per_cycle"] for r in main)
+    assert [c["min_confidence"] for c in s["confidence_sweep"]] == [0.0, 1.0]
+    assert s["confidence_sweep"][1]["tokens_per_cycle_median"] == statistics.median(r["tokens_per_cycle"] for r in strict)
+    assert res["config"]["confidence_sweep"] == [0.0, 1.0] and "sweep" not in s
