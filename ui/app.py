@@ -40,7 +40,7 @@ the target chose, the <span class="tok tok-accepted">accepted</span> draft token
 <span class="tok tok-rejected">rejected</span> draft tokens after the first disagreement
 (and, on a CPU, <span class="tok tok-unverified">unverified</span> ones: guesses the draft was unsure of,
 which the target does not check).
-Acceptance rate here is accepted draft tokens ÷ drafted tokens; tokens/cycle counts the staged token.
+Acceptance rate here is accepted draft tokens ÷ verified draft tokens; tokens/cycle counts the staged token.
 """
 
 

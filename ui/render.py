@@ -73,7 +73,7 @@ def _token_span(text: str, cls: str, tip: str, inline: bool = False) -> str:
 
 def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> str:
     """One cycle: the staged (target-chosen) token, the accepted drafts, then the rejected drafts
-    struck through. `pieces` are the texts of `ev.committed`; `draft_text(id)` decodes one
+    struck through (and those the target did not verify, under a confidence threshold). `pieces` are the texts of `ev.committed`; `draft_text(id)` decodes one
     proposal on its own. At most `max_rejected` rejected drafts are shown (None = all)."""
     a, v = ev.accepted_len, ev.verified
     head = f"cycle {ev.cycle}"
@@ -94,12 +94,12 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
         for j, tok in enumerate(shown):
             k = a + 1 + j
             if k > v:
-                why, cls = "not verified: the draft was unsure", "tok-unverified"
+                kind, why = "unverified", "not verified: the draft was unsure"
             else:
+                kind = "rejected"
                 why = f"target wanted {draft_text(ev.posterior[a])!r}" if j == 0 else "after the rejection point"
-                cls = "tok-rejected"
-            tip = f"{head} · block position {k} · {'unverified' if k > v else 'rejected'} draft token ({why}) · {tail}"
-            out.append(_token_span(draft_text(tok), cls, tip, inline=True))
+            tip = f"{head} · block position {k} · {kind} draft token ({why}) · {tail}"
+            out.append(_token_span(draft_text(tok), f"tok-{kind}", tip, inline=True))
         if len(shown) < len(rejected):
             more = len(rejected) - len(shown)
             out.append(f'<span class="tok-more" title="{more} more rejected draft tokens in cycle {ev.cycle}">+{more}</span>')
