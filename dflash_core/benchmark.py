@@ -97,22 +97,17 @@ def summarize(runs: list, block_size: int, min_confidence: float = 0.0) -> dict:
         out["oracle_tps_median"] = _median([r["decode_tps"] for r in orc])
         out["oracle_speedup_median"] = _median([r["speedup"] for r in orc])
         out["oracle_tokens_per_cycle_median"] = _median([r["tokens_per_cycle"] for r in orc])
+    def medians(rows):
+        return {"dflash_tps_median": _median([r["decode_tps"] for r in rows]),
+                "speedup_median": _median([r["speedup"] for r in rows]),
+                "tokens_per_cycle_median": _median([r["tokens_per_cycle"] for r in rows])}
+
     sizes = sorted({r["block_size"] for r in runs if r["engine"] == "dflash"})
     if len(sizes) > 1:
-        out["sweep"] = [{
-            "block_size": b,
-            "dflash_tps_median": _median([r["decode_tps"] for r in pick("dflash", b)]),
-            "speedup_median": _median([r["speedup"] for r in pick("dflash", b)]),
-            "tokens_per_cycle_median": _median([r["tokens_per_cycle"] for r in pick("dflash", b)]),
-        } for b in sizes]
+        out["sweep"] = [{"block_size": b, **medians(pick("dflash", b))} for b in sizes]
     levels = sorted({r["min_confidence"] for r in runs if r["engine"] == "dflash" and r["block_size"] == block_size})
     if len(levels) > 1:
-        out["confidence_sweep"] = [{
-            "min_confidence": c,
-            "dflash_tps_median": _median([r["decode_tps"] for r in pick("dflash", c=c)]),
-            "speedup_median": _median([r["speedup"] for r in pick("dflash", c=c)]),
-            "tokens_per_cycle_median": _median([r["tokens_per_cycle"] for r in pick("dflash", c=c)]),
-        } for c in levels]
+        out["confidence_sweep"] = [{"min_confidence": c, **medians(pick("dflash", c=c))} for c in levels]
     return out
 
 

@@ -274,11 +274,12 @@ def save_model(model, cfg: dict, out: Path, dtype=mx.float16):
 def write_weights(out: Path, weights: dict, max_shard_bytes: int = SHARD_BYTES):
     """model.safetensors, or model-0000k-of-0000n.safetensors shards + model.safetensors.index.json
     when larger than max_shard_bytes (the Hugging Face layout, which mlx-lm reads)."""
-    shards = [{}]
+    shards, size = [{}], 0
     for name, w in weights.items():
-        if shards[-1] and sum(x.nbytes for x in shards[-1].values()) + w.nbytes > max_shard_bytes:
-            shards.append({})
+        if shards[-1] and size + w.nbytes > max_shard_bytes:
+            shards, size = shards + [{}], 0
         shards[-1][name] = w
+        size += w.nbytes
     n = len(shards)
     files = ["model.safetensors"] if n == 1 else [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
     for old in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:

@@ -23,10 +23,11 @@ def measure(layers: int, hidden: int, draft_layers: int = 2, tokens: int = 128, 
                           intermediate=3 * hidden, heads=heads, kv_heads=2 if heads % 2 == 0 else 1, head_dim=64)
     pair = load_pair(str(target), str(write_draft(root / "draft", target, layers=draft_layers)), allow_download=False)
     ids = pair.encode("def parse(line):\n    x = 1\n", False)
-    list(pair.baseline(ids, tokens)), list(pair.dflash(ids, tokens))  # warm-up
+    full = dict(min_confidence=0.0)  # the cost of verifying the whole block, whatever the draft's confidence
+    list(pair.baseline(ids, tokens)), list(pair.dflash(ids, tokens, **full))  # warm-up
     # random weights make plain decoding's speed vary run to run: its best run is its cost
     step_ms = min(1e3 / list(pair.baseline(ids, tokens))[-1].decode_tps for _ in range(repeats))
-    cycles = [e for e in pair.dflash(ids, tokens) if isinstance(e, CycleEvent)]
+    cycles = [e for e in pair.dflash(ids, tokens, **full) if isinstance(e, CycleEvent)]
     draft_ms, verify_ms, rollback_ms = (median(getattr(e, k) for e in cycles) for k in ("draft_ms", "verify_ms", "rollback_ms"))
     ratio = (draft_ms + verify_ms + rollback_ms) / step_ms
     return dict(shape=f"{layers}x{hidden}", step_ms=step_ms, draft_ms=draft_ms, verify_ms=verify_ms,

@@ -26,31 +26,24 @@ def add_parser(sub):
     p.set_defaults(func=run)
 
 
-def _sizes(text):
+def _numbers(text: str, option: str, kind, what: str, ok=lambda x: True) -> list:
+    """A comma-separated option (--sweep 4,8,16; --confidence-sweep 0,0.2), or one error line."""
     from ..errors import DFlashError
 
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise DFlashError(f"--sweep '{text}' is not a comma-separated list of block sizes") from None
-
-
-def _levels(text):
-    from ..errors import DFlashError
-
-    try:
-        levels = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise DFlashError(f"--confidence-sweep '{text}' is not a comma-separated list of probabilities") from None
-    if not all(0 <= c <= 1 for c in levels):
-        raise DFlashError(f"--confidence-sweep '{text}': every value must be between 0 and 1")
-    return levels
+        values = None
+    if values is None or not all(ok(x) for x in values):
+        raise DFlashError(f"{option} '{text}' is not a comma-separated list of {what}")
+    return values
 
 
 def run(args) -> int:
     prompts = load_prompts(args.prompt, args.prompts)
-    sweep = _sizes(args.sweep) if args.sweep else []
-    levels = _levels(args.confidence_sweep) if args.confidence_sweep else []
+    sweep = _numbers(args.sweep, "--sweep", int, "block sizes") if args.sweep else []
+    levels = (_numbers(args.confidence_sweep, "--confidence-sweep", float, "probabilities between 0 and 1",
+                       lambda c: 0 <= c <= 1) if args.confidence_sweep else [])
     pair = load(args)
     res = run_benchmark(pair, prompts, args.max_tokens, args.repeat, args.block_size, args.chat_template,
                         args.oracle, sweep, log=log, min_confidence=args.min_confidence,
