@@ -228,18 +228,20 @@ class Pair:
 def load_pair(model: str = None, draft: str = None, allow_download: bool = True) -> Pair:
     """Load a target and its draft. With neither given: the shipped default pair; a shipped
     pair's name also works as `model`."""
-    if model is None and draft is None:
-        model = DEFAULT_PAIR
-    if model in SHIPPED and draft is None:
-        name = model
+    model = model or DEFAULT_PAIR  # a draft alone is a new draft for the shipped target
+    if model in SHIPPED:
         target_dir, draft_dir = SHIPPED[model]
         if not target_dir.is_dir():
-            raise DFlashError(f"the shipped pair '{name}' is missing from {target_dir.parent}; is this a full clone?")
+            raise DFlashError(f"the shipped pair '{model}' is missing from {target_dir.parent}; is this a full clone?")
+        name = model
+        if draft is not None:
+            name = f"{model} + {draft}"
+            draft_dir = resolve(draft, "draft", allow_download)
     else:
-        if model is None or draft is None:
+        if draft is None:
             from .registry import draft_for
 
-            draft = draft or draft_for(model)
+            draft = draft_for(model)
         name = f"{model} + {draft}"
         target_dir = resolve(model, "target", allow_download)
         draft_dir = resolve(draft, "draft", allow_download)

@@ -334,13 +334,17 @@ def train(args, log=print) -> dict:
 
     cached_taps = None
     if args.cache_taps:  # the target is frozen: its taps can be computed once for all epochs
-        chunks = []
+        per_tap = [[] for _ in cfg.target_layer_ids]
         for r in range(0, len(data), 64):
-            chunks.append(tapped_hidden(work_target, mx.array(data.ids[r : r + 64])))
-            mx.eval(chunks[-1])
-        cached_taps = [mx.concatenate([c[k] for c in chunks]) for k in range(len(cfg.target_layer_ids))]
-        mx.eval(cached_taps)
-        del chunks  # else the per-chunk copies stay alive next to the whole (twice the memory)
+            taps = tapped_hidden(work_target, mx.array(data.ids[r : r + 64]))
+            mx.eval(taps)
+            for chunks, t in zip(per_tap, taps):
+                chunks.append(t)
+        cached_taps = []
+        for k in range(len(per_tap)):  # one tap at a time, freeing its chunks: peak ~(1 + 1/taps) x the cache
+            cached_taps.append(mx.concatenate(per_tap[k]))
+            mx.eval(cached_taps[-1])
+            per_tap[k] = None
         log(f"cached the target's taps for {len(data)} sequences")
 
     steps_per_epoch = math.ceil(len(data) / args.batch_size)

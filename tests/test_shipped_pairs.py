@@ -77,3 +77,20 @@ def test_shipped_pairs_load_offline(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "stdlib-coder 16 False" in out.stdout and "stdlib-hybrid 4 True" in out.stdout
+
+
+def test_a_draft_alone_pairs_with_the_shipped_target(tmp_path):
+    """`--draft DIR` without `--model` (a newly trained draft for the shipped target) loads the
+    default target with that draft; a draft that does not fit it is one clear error."""
+    import shutil
+
+    from dflash_core.errors import DFlashError
+    from dflash_core.loading import DEFAULT_PAIR
+
+    target_dir, draft_dir = SHIPPED[DEFAULT_PAIR]
+    copy = shutil.copytree(draft_dir, tmp_path / "draft")
+    pair = load_pair(None, str(copy))
+    assert pair.name == f"{DEFAULT_PAIR} + {copy}"
+    assert pair.target.num_layers == json.loads((target_dir / "config.json").read_text())["num_hidden_layers"]
+    with pytest.raises(DFlashError):
+        load_pair(None, str(SHIPPED["stdlib-hybrid"][1]))
