@@ -18,6 +18,11 @@ def test_confidence_sweep_runs_side_by_side_and_keeps_the_main_figures_apart(ran
     s = res["summary"]
     assert s["dflash_tps_median"] == statistics.median(r["decode_tps"] for r in main)
     assert s["tokens_per_cycle_median"] == statistics.median(r["tokens_per_cycle"] for r in main)
+    assert s["tokens_per_cycle_mean"] == sum(r["generated_tokens"] for r in main) / sum(r["cycles"] for r in main)
+    base = [r for r in res["runs"] if r["engine"] == "baseline"]
+    tps = lambda rs: sum(r["generated_tokens"] - 1 for r in rs) / sum(r["decode_s"] for r in rs)
+    assert abs(s["overall_speedup_median"] - tps(main) / tps(base)) < 1e-9  # one repeat: one ratio
+    assert s["confidence_sweep"][1]["overall_speedup_median"] == tps(strict) / tps(base)
     assert [c["min_confidence"] for c in s["confidence_sweep"]] == [0.0, 1.0]
     assert s["confidence_sweep"][1]["tokens_per_cycle_median"] == statistics.median(r["tokens_per_cycle"] for r in strict)
     assert res["config"]["confidence_sweep"] == [0.0, 1.0] and "sweep" not in s
