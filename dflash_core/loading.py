@@ -233,18 +233,15 @@ def load_pair(model: str = None, draft: str = None, allow_download: bool = True)
         target_dir, draft_dir = SHIPPED[model]
         if not target_dir.is_dir():
             raise DFlashError(f"the shipped pair '{model}' is missing from {target_dir.parent}; is this a full clone?")
-        name = model
-        if draft is not None:
-            name = f"{model} + {draft}"
-            draft_dir = resolve(draft, "draft", allow_download)
     else:
         if draft is None:
             from .registry import draft_for
 
             draft = draft_for(model)
-        name = f"{model} + {draft}"
         target_dir = resolve(model, "target", allow_download)
+    if draft is not None:
         draft_dir = resolve(draft, "draft", allow_download)
+    name = model if draft is None else f"{model} + {draft}"
     draft_model = load_draft(draft_dir)  # cheap checks on the draft before the big download/load
     mlx_model, tokenizer, config = load_target(target_dir)
     num_layers = len(mlx_model.layers)
