@@ -59,10 +59,14 @@ def benchmark_figure(results: dict) -> go.Figure:
     fig.update_yaxes(title_text="fraction of cycles", range=[0, 1], row=1, col=col)
 
     verdict = "identical to greedy" if summary.get("identical") else "OUTPUT DIFFERS FROM GREEDY"
+    facts = [f"speedup {summary.get('speedup_median') or 0:.2f}x median"]
+    if summary.get("overall_speedup_median"):  # results saved before these figures existed lack them
+        facts.append(f"{summary['overall_speedup_median']:.2f}x overall")
+    if summary.get("tokens_per_cycle_mean"):
+        facts.append(f"{summary['tokens_per_cycle_mean']:.2f} tokens/cycle (mean)")
+    facts += [f"acceptance rate {summary.get('acceptance_rate_median') or 0:.1%}", verdict]
     fig.update_layout(
-        title=dict(text=f"{_title(results)}<br><sup>speedup {summary.get('speedup_median') or 0:.2f}x, "
-                        f"{summary.get('tokens_per_cycle_median') or 0:.2f} tokens/cycle, "
-                        f"acceptance rate {summary.get('acceptance_rate_median') or 0:.1%}, {verdict}</sup>"),
+        title=dict(text=f"{_title(results)}<br><sup>{', '.join(facts)}</sup>"),
         template="plotly_white", height=460, width=420 * len(panels), margin=dict(t=110),
         legend=dict(orientation="h", y=-0.2),
     )

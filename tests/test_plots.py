@@ -27,6 +27,9 @@ def test_figure_shows_the_results(results):
     assert list(speedup.y) == [s["speedup_median"] for s in results["summary"]["sweep"]]
     accepted = next(t for t in fig.data if t.name == "accepted")
     assert list(accepted.y) == results["summary"]["acceptance_by_position"]
+    s = results["summary"]
+    assert f"{s['overall_speedup_median']:.2f}x overall" in fig.layout.title.text
+    assert f"{s['tokens_per_cycle_mean']:.2f} tokens/cycle (mean)" in fig.layout.title.text
 
 
 def test_figure_without_sweep_has_two_panels(results):
