@@ -26,3 +26,20 @@ def test_confidence_sweep_runs_side_by_side_and_keeps_the_main_figures_apart(ran
     assert [c["min_confidence"] for c in s["confidence_sweep"]] == [0.0, 1.0]
     assert s["confidence_sweep"][1]["tokens_per_cycle_median"] == statistics.median(r["tokens_per_cycle"] for r in strict)
     assert res["config"]["confidence_sweep"] == [0.0, 1.0] and "sweep" not in s
+
+
+def test_overall_speedup_weighs_prompts_by_time_and_takes_the_median_over_repeats():
+    """Two prompts per repeat: one fast for DFlash (4x), one slow (1x). Each repeat's prompts
+    are one workload, so the slow prompt's time dominates; the figure is the median of the
+    repeats' ratios, not of the runs'."""
+    from dflash_core.benchmark import overall_speedup
+
+    def run(repeat, engine, seconds):
+        return {"repeat": repeat, "engine": engine, "generated_tokens": 101, "decode_s": seconds}
+
+    base, dflash = [], []
+    for r, scale in enumerate([1.0, 1.0, 2.0]):  # the third repeat's DFlash runs twice as slow
+        base += [run(r, "baseline", 1.0), run(r, "baseline", 1.0)]
+        dflash += [run(r, "dflash", 0.25 * scale), run(r, "dflash", 1.0 * scale)]
+    # repeat 0 and 1: 200 tokens in 2 s vs 1.25 s -> 1.6x; repeat 2: 2 s vs 2.5 s -> 0.8x
+    assert overall_speedup(dflash, base) == 1.6
