@@ -264,14 +264,14 @@ def load_frozen_target(path: str, dtype=mx.float32):
 
 def training_data(args, model, tokenizer, log=print) -> tuple:
     """(prompts, responses, eval prompts) as token ids: the target's own greedy continuations,
-    read from --data-cache if it holds them, else regenerated (and written there)."""
+    read from --data-cache if it holds them (several files: merged), else regenerated (and
+    written there)."""
     texts, eval_texts = prompt_texts(args.data, args.seed, args.num_prompts)
     eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens:] for t in eval_texts]
-    cache = Path(args.data_cache) if args.data_cache else None
-    if cache and cache.is_file():  # the same target's continuations, from an earlier run
-        saved = json.loads(cache.read_text())
-        log(f"data: {len(saved['prompts'])} regenerated sequences from {cache}")
-        return saved["prompts"], saved["responses"], eval_prompts
+    caches = [Path(c) for c in args.data_cache or []]
+    if len(caches) > 1 or (caches and caches[0].is_file()):  # the same target's, from earlier runs
+        return (*read_data(caches, log), eval_prompts)
+    cache = caches[0] if caches else None
     texts = with_renamed_names(texts, args.rename_fraction, random.Random(args.seed + 1))
     rng = random.Random(args.seed)
     chat = [rng.random() < args.chat_fraction for _ in texts]
@@ -283,6 +283,25 @@ def training_data(args, model, tokenizer, log=print) -> tuple:
         tmp.write_text(json.dumps({"target": str(args.target), "prompts": prompts, "responses": responses}))
         tmp.replace(cache)
     return prompts, responses, eval_prompts
+
+
+def read_data(paths: list, log=print) -> tuple:
+    """(prompts, responses) from regenerated-data files, in order. A prompt drawn again (by
+    another seed, or twice by one) keeps its first response only: repeats would weigh double."""
+    prompts, responses, seen = [], [], set()
+    for path in paths:
+        if not path.is_file():
+            raise DFlashError(f"--data-cache {path} does not exist; regenerate it first (train-draft --data-only "
+                              f"--data-cache {path}): several files are only read")
+        saved = json.loads(path.read_text())
+        for p, r in zip(saved["prompts"], saved["responses"]):
+            if tuple(p) not in seen:
+                seen.add(tuple(p))
+                prompts.append(p)
+                responses.append(r)
+    where = paths[0] if len(paths) == 1 else f"{len(paths)} files"
+    log(f"data: {len(prompts)} regenerated sequences from {where}")
+    return prompts, responses
 
 
 def write_data(args, log=print):
@@ -446,7 +465,9 @@ def add_arguments(p):
     p.add_argument("--resume", help="draft directory to continue training from (its config wins)")
     p.add_argument("--mask-token", default="<|mask|>")
     p.add_argument("--num-prompts", type=int, default=2000)
-    p.add_argument("--data-cache", help="JSON file: reuse the regenerated data if it exists, else write it")
+    p.add_argument("--data-cache", nargs="+",
+                   help="JSON file: reuse the regenerated data if it exists, else write it; several files "
+                        "(from --data-only runs, e.g. one per --seed) are read and merged")
     p.add_argument("--data-only", action="store_true",
                    help="only regenerate the data into --data-cache (then train several drafts on it)")
     p.add_argument("--chat-fraction", type=float, default=0.7, help="share of prompts in the chat template")

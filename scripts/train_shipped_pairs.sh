@@ -18,37 +18,25 @@ case "$pair" in
       --layers 3 --target-layers 1 4 7 10 13 15 --num-prompts 5200 --data-cache "$out/data.json" \
       --batch-size 64 --anchors 128 --epochs 400 --eval-every 400 --eval-prompts 8 --lr 1.5e-3 \
       --minutes "${DRAFT_MIN:-3.05}"
-    # stages 2-4 train on more data, regenerated once (the shipped draft's was made on a 2-core
-    # CPU while the GPU was away): 16 x 1000 prompts, merged without duplicate prompts;
-    # stages 5-7 on those, 2 x 1000 more from the CPU and ~9,900 regenerated on the H200
+    # more data, regenerated once per seed (the shipped draft's seeds 11-28 on a 2-core CPU while
+    # the GPU was away, 1000 prompts each; seed 41 on the H200: the stdlib sampler gives ~9,900)
     for seed in $(seq 11 28); do
       $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
         --num-prompts 1000 --seed "$seed" --data-cache "$out/data/seed$seed.json"
     done
     $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
       --num-prompts 24000 --gen-batch 8000 --seed 41 --data-cache "$out/data/gpu41.json"
-    merge() {  # merge OUT_JSON INPUT_JSON...: the first sequence for each prompt
-      $py - "$@" <<'PY'
-import json, pathlib, sys
-seen, prompts, responses = set(), [], []
-for f in sys.argv[2:]:
-    d = json.loads(pathlib.Path(f).read_text())
-    for p, r in zip(d["prompts"], d["responses"]):
-        if tuple(p) not in seen:
-            seen.add(tuple(p)); prompts.append(p); responses.append(r)
-pathlib.Path(sys.argv[1]).write_text(json.dumps({"target": d["target"], "prompts": prompts, "responses": responses}))
-PY
-    }
-    merge "$out/data16k.json" $(for s in $(seq 11 26); do echo "$out/data/seed$s.json"; done)
-    merge "$out/data-all.json" "$out/data16k.json" "$out/data/seed27.json" "$out/data/seed28.json" "$out/data/gpu41.json"
-    # stage: number, data, lr, minutes. The shipped stage 5 is the step-1000 checkpoint of its
-    # 8-minute run (the device's call limit stopped it there); here it runs to the end.
+    # stages 2-4 read the 16 CPU seeds, stages 5-7 all of it (files merged, repeated prompts once).
+    # The shipped stage 5 is the step-1000 checkpoint of its 8-minute run (the device's call limit
+    # stopped it there); here it runs to the end.
+    data16k=("$out"/data/seed{11..26}.json)
+    data_all=("${data16k[@]}" "$out"/data/seed{27,28}.json "$out/data/gpu41.json")
     prev="$out/draft-1"
-    for stage in "2 data16k 1e-3 8.0" "3 data16k 8e-4 8.2" "4 data16k 6e-4 8.9" \
-                 "5 data-all 6e-4 8.0" "6 data-all 5e-4 6.6" "7 data-all 3e-4 5.7"; do
-      read -r k data lr minutes <<< "$stage"
+    for stage in "2 1e-3 8.0" "3 8e-4 8.2" "4 6e-4 8.9" "5 6e-4 8.0" "6 5e-4 6.6" "7 3e-4 5.7"; do
+      read -r k lr minutes <<< "$stage"
+      if [[ $k -le 4 ]]; then data=("${data16k[@]}"); else data=("${data_all[@]}"); fi
       $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft-$k" \
-        --resume "$prev" --data-cache "$out/$data.json" --cache-taps --compute-dtype bfloat16 \
+        --resume "$prev" --data-cache "${data[@]}" --cache-taps --compute-dtype bfloat16 \
         --batch-size 64 --anchors 240 --epochs 400 --eval-every 500 --eval-prompts 8 --lr "$lr" \
         --minutes "$minutes"
       prev="$out/draft-$k"

@@ -172,8 +172,37 @@ def test_data_only_writes_the_regenerated_data_for_later_runs(tmp_path, capsys, 
     capsys.readouterr()
     assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
                  "--data-cache", str(cache), *TINY_DRAFT[:-1], "--epochs", "1"]) == 0
-    assert f"{len(saved['prompts'])} regenerated sequences from {cache}" in capsys.readouterr().out
+    distinct = len({tuple(p) for p in saved["prompts"]})  # a prompt drawn twice trains once
+    assert f"{distinct} regenerated sequences from {cache}" in capsys.readouterr().out
     assert (out / "model.safetensors").is_file()
+
+
+def test_several_data_files_are_merged_without_repeated_prompts(tmp_path, capsys, random_dirs, corpus):
+    """--data-cache A B: data regenerated in pieces (one --data-only run per seed) trains as one
+    set; a prompt both pieces drew counts once; a missing piece is one error line."""
+    target, _ = random_dirs["qwen3"]
+    a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "draft"
+    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
+                 "--data-only", "--data-cache", str(a), *TINY_DRAFT]) == 0
+    first = json.loads(a.read_text())
+    distinct = len({tuple(p) for p in first["prompts"]})
+    extra = [7, 8, 9]
+    assert extra not in first["prompts"]
+    b.write_text(json.dumps({"target": first["target"], "prompts": first["prompts"][:3] + [extra],
+                             "responses": first["responses"][:3] + [[10, 11, 12]]}))
+    capsys.readouterr()
+    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
+                 "--data-cache", str(a), str(b), *TINY_DRAFT[:-1], "--epochs", "1"]) == 0
+    log = capsys.readouterr().out
+    assert f"{distinct + 1} regenerated sequences from 2 files" in log  # + the new one only
+    assert f"data: {distinct + 1} sequences" in log  # what the trainer then trains on
+    assert main(["train-draft", "--target", str(target), "--out", str(out), "--data-cache", str(a),
+                 str(tmp_path / "missing.json"), *TINY_DRAFT]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing.json does not exist" in err[0]
+    assert main(["train-draft", "--target", str(target), "--out", str(out), "--data-only",
+                 "--data-cache", str(a), str(b)]) == 2
+    assert "one file" in capsys.readouterr().err
 
 
 def test_renamed_names_are_consistent_and_keep_the_code_valid(corpus):

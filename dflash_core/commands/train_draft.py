@@ -20,12 +20,12 @@ def run(args) -> int:
         raise DFlashError(f"--target '{args.target}' is not an mlx-lm model directory (no config.json)")
     if not 2 <= args.block_size <= 64:
         raise DFlashError(f"--block-size {args.block_size} is out of range: use 2..64")
-    if args.data_only and not args.data_cache:
-        raise DFlashError("--data-only needs --data-cache FILE to write the data to")
+    if args.data_only and len(args.data_cache or []) != 1:
+        raise DFlashError("--data-only needs --data-cache FILE (one file) to write the data to")
     log = lambda m: print(m, flush=True)
     if args.data_only:
         train_draft.write_data(args, log)
-        print(f"wrote {args.data_cache}")
+        print(f"wrote {args.data_cache[0]}")
         return 0
     summary = train_draft.train(args, log)
     save_training_record(args.out, "train-draft", summary, draft_card)
