@@ -276,6 +276,7 @@ def training_data(args, model, tokenizer, log=print) -> tuple:
     rng = random.Random(args.seed)
     chat = [rng.random() < args.chat_fraction for _ in texts]
     prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens:] for t, c in zip(texts, chat)]
+    prompts = [list(p) for p in dict.fromkeys(map(tuple, prompts))]  # drawn twice: generated and trained once
     responses = regenerate(model, tokenizer, prompts, args.response_tokens, args.gen_batch, log)
     if cache:  # written whole, then renamed: a concurrent run may be waiting for it
         cache.parent.mkdir(parents=True, exist_ok=True)
