@@ -185,6 +185,23 @@ def block_logits(draft: DraftModel, head, taps: list, block_embeds, anchors, seq
     return head(draft.norm(h)[:, 1:])
 
 
+def make_batch(data: "Sequences", rows, n_anchors: int, cfg: DraftConfig, weights_k, rng) -> tuple:
+    """The blocks of one step for these sequences: block token ids `[token@anchor, MASK...]`,
+    anchors, each block's sequence, labels at block positions 1..B-1 and their loss weights
+    (zero for unused anchor slots), and how many blocks are real."""
+    B = cfg.block_size
+    anchors, valid = data.anchors(rows, n_anchors, B, rng)
+    ids = data.ids[rows]
+    flat = anchors.reshape(-1)
+    seq_of_block = np.repeat(np.arange(len(rows)), n_anchors)
+    block_ids = np.full((len(flat), B), cfg.mask_token_id, dtype=np.int32)
+    block_ids[:, 0] = ids[seq_of_block, flat]
+    label_pos = flat[:, None] + np.arange(1, B)[None]
+    labels = ids[seq_of_block[:, None], np.minimum(label_pos, data.length - 1)]
+    weights = weights_k[None] * mx.array(valid.reshape(-1, 1).astype(np.float32))
+    return block_ids, flat, seq_of_block, labels, weights, int(valid.sum())
+
+
 def draft_loss(draft, head, taps, block_embeds, anchors, seq_of_block, labels, weights):
     logits = block_logits(draft, head, taps, block_embeds, anchors, seq_of_block).astype(mx.float32)
     ce = nn.losses.cross_entropy(logits, labels, reduction="none")
@@ -339,6 +356,11 @@ def train(args, log=print) -> dict:
     t_data = time.time() - t_start
     n_resp = int((data.end - data.start).sum())
     log(f"data: {len(data)} sequences, {n_resp:,} response tokens, length {data.length}, {t_data:.0f}s")
+    # --val-sequences: sequences the draft never trains on; their loss (same anchors each time)
+    # tells overfitting (train loss falls, this one does not) from a draft too small to learn more
+    n_val = min(args.val_sequences, len(data) // 2)
+    split = np.random.default_rng(args.seed + 1).permutation(len(data))
+    val_rows, train_rows = np.sort(split[:n_val]), np.sort(split[n_val:])
 
     n_params = sum(v.size for _, v in tree_flatten(draft.parameters()))
     # --compute-dtype bfloat16: the forward and backward run in 16 bits (a second, 16-bit copy of
@@ -367,7 +389,23 @@ def train(args, log=print) -> dict:
             per_tap[k] = None
         log(f"cached the target's taps for {len(data)} sequences")
 
-    steps_per_epoch = math.ceil(len(data) / args.batch_size)
+    def taps_of(rows):
+        if cached_taps is None:
+            return tapped_hidden(work_target, mx.array(data.ids[rows]))
+        return [t[mx.array(rows)] for t in cached_taps]
+
+    def validation_loss() -> float:
+        rng, total, weight = np.random.default_rng(0), 0.0, 0.0
+        for r in range(0, n_val, args.batch_size):
+            rows = val_rows[r : r + args.batch_size]
+            block_ids, flat, seq_of_block, labels, weights, _ = make_batch(data, rows, args.anchors, cfg, weights_k, rng)
+            loss = draft_loss(draft, head, taps_of(rows), embed(mx.array(block_ids)), mx.array(flat),
+                              mx.array(seq_of_block), mx.array(labels), weights)
+            total += loss.item() * weights.sum().item()
+            weight += weights.sum().item()
+        return total / max(weight, 1e-6)
+
+    steps_per_epoch = math.ceil(len(train_rows) / args.batch_size)
     total = args.epochs * steps_per_epoch
     opt = optim.AdamW(learning_rate=0.0, weight_decay=args.weight_decay)
     state = [draft.state, opt.state]
@@ -388,40 +426,33 @@ def train(args, log=print) -> dict:
     def evaluate(tag):
         tau = acceptance(target, draft, eval_prompts[: args.eval_prompts], args.eval_tokens, eos)
         history.append({"step": i, "tau": round(tau, 3), "loss": round(float(np.mean(losses[-50:])), 4) if losses else None})
-        log(f"{tag}: step {i}/{total}, engine tokens per cycle {tau:.2f} on {min(len(eval_prompts), args.eval_prompts)} held-out prompts")
+        val = ""
+        if n_val:
+            history[-1]["val_loss"] = round(validation_loss(), 4)
+            val = f"; loss on {n_val} held-out sequences {history[-1]['val_loss']:.3f}"
+        log(f"{tag}: step {i}/{total}, engine tokens per cycle {tau:.2f} on {min(len(eval_prompts), args.eval_prompts)} held-out prompts{val}")
         return tau
 
     budget = args.minutes * 60 if args.minutes else None
     done = False
     for epoch in range(args.epochs):
-        order = nrng.permutation(len(data))
+        order = nrng.permutation(train_rows)
         for s in range(steps_per_epoch):
             progress = (time.time() - t0) / budget if budget else i / total
             if progress >= 1:
                 done = True
                 break
             rows = order[s * args.batch_size : (s + 1) * args.batch_size]
-            anchors, valid = data.anchors(rows, args.anchors, B, nrng)
-            ids = data.ids[rows]
-            if cached_taps is None:
-                taps = tapped_hidden(work_target, mx.array(ids))
-            else:
-                taps = [t[mx.array(rows)] for t in cached_taps]
-            flat = anchors.reshape(-1)
-            seq_of_block = np.repeat(np.arange(len(rows)), args.anchors)
-            block_ids = np.full((len(flat), B), cfg.mask_token_id, dtype=np.int32)
-            block_ids[:, 0] = ids[seq_of_block, flat]
-            label_pos = flat[:, None] + np.arange(1, B)[None]
-            labels = ids[seq_of_block[:, None], np.minimum(label_pos, data.length - 1)]
-            weights = weights_k[None] * mx.array(valid.reshape(-1, 1).astype(np.float32))
+            block_ids, flat, seq_of_block, labels, weights, n_blocks = make_batch(
+                data, rows, args.anchors, cfg, weights_k, nrng)
             opt.learning_rate = lr_at(progress, args.lr)
-            loss = step(taps, embed(mx.array(block_ids)), mx.array(flat), mx.array(seq_of_block),
+            loss = step(taps_of(rows), embed(mx.array(block_ids)), mx.array(flat), mx.array(seq_of_block),
                         mx.array(labels), weights)
             mx.eval(loss, state)
             if i == 0:  # the schedule and the rate start after the first step (graph compile, kernel JIT)
                 t0 = time.time()
             else:
-                seen += int(valid.sum()) * B
+                seen += n_blocks * B
             losses.append(loss.item())
             i += 1
             if i % args.log_every == 0:
@@ -439,7 +470,8 @@ def train(args, log=print) -> dict:
     save_draft(draft, out)
     summary = {
         "target": str(args.target), "layers": cfg.num_hidden_layers, "params": n_params, "block_size": B,
-        "target_layer_ids": cfg.target_layer_ids, "sequences": len(data), "response_tokens": n_resp,
+        "target_layer_ids": cfg.target_layer_ids, "sequences": len(train_rows), "val_sequences": n_val,
+        "response_tokens": n_resp,
         "batch_size": args.batch_size, "anchors": args.anchors, "loss_gamma": loss_gamma(B),
         "compute_dtype": args.compute_dtype, "steps": i, "epochs_run": round(i / steps_per_epoch, 2),
         "data_seconds": round(t_data),
@@ -447,6 +479,8 @@ def train(args, log=print) -> dict:
         "first_loss": round(float(np.mean(losses[:window])), 4),
         "eval_tau": round(tau, 3), "history": history,
     }
+    if n_val:
+        summary["val_loss"] = history[-1]["val_loss"]
     (out / "training.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -483,6 +517,8 @@ def add_arguments(p):
     p.add_argument("--minutes", type=float, help="train for this long at most (schedule by time)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--val-sequences", type=int, default=0,
+                   help="hold out this many sequences of the data and report the draft's loss on them at each evaluation")
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--eval-prompts", type=int, default=4)
     p.add_argument("--eval-tokens", type=int, default=128)

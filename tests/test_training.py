@@ -300,3 +300,19 @@ def test_train_target_bfloat16_compute_matches_float32(tmp_path, corpus, trained
     assert bf16["final_train_loss"] == pytest.approx(f32["final_train_loss"], rel=0.05)
     assert bf16["heldout_loss"] == pytest.approx(f32["heldout_loss"], rel=0.05)
     assert bf16["heldout_loss"] < np.log(bf16["vocab"]) - 0.5  # it learned (uniform guessing: log V)
+
+
+def test_val_sequences_are_held_out_and_their_loss_is_reported(tmp_path, corpus, trained):
+    """--val-sequences N: N sequences of the data are never trained on; every evaluation reports
+    the draft's loss on them, and it falls as the draft learns."""
+    target, _ = trained
+    out, cache = tmp_path / "draft", tmp_path / "data.json"
+    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
+                 "--layers", "1", "--data-cache", str(cache), "--val-sequences", "6",
+                 *TINY_DRAFT[:-1], "--eval-every", "10"]) == 0
+    s = json.loads((out / "training.json").read_text())
+    n = len(json.loads(cache.read_text())["prompts"])
+    assert s["val_sequences"] == 6 and s["sequences"] == n - 6
+    vals = [h["val_loss"] for h in s["history"]]
+    assert len(vals) >= 2 and s["val_loss"] == vals[-1]
+    assert vals[-1] < vals[0], vals
