@@ -9,7 +9,8 @@
 - The forward below uses the inference model's own modules (`DraftModel`: fc, hidden_norm,
   q/k norms, rope, `keys_values`), and the target's taps come from the engine's `Target`, so
   training sees exactly what the engine computes at inference.
-- Evaluation runs the real engine loop (`engine.dflash_generate`) and reports tokens per cycle.
+- Evaluation runs the real engine loop (`engine.dflash_generate`) and reports tokens per cycle;
+  with --val-sequences also the loss on sequences held out of training.
 """
 import argparse
 import json
@@ -401,8 +402,8 @@ def train(args, log=print) -> dict:
             block_ids, flat, seq_of_block, labels, weights, _ = make_batch(data, rows, args.anchors, cfg, weights_k, rng)
             loss = draft_loss(draft, head, taps_of(rows), embed(mx.array(block_ids)), mx.array(flat),
                               mx.array(seq_of_block), mx.array(labels), weights)
-            total += loss.item() * weights.sum().item()
-            weight += weights.sum().item()
+            w = weights.sum().item()
+            total, weight = total + loss.item() * w, weight + w
         return total / max(weight, 1e-6)
 
     steps_per_epoch = math.ceil(len(train_rows) / args.batch_size)

@@ -20,6 +20,8 @@ def run(args) -> int:
         raise DFlashError(f"--target '{args.target}' is not an mlx-lm model directory (no config.json)")
     if not 2 <= args.block_size <= 64:
         raise DFlashError(f"--block-size {args.block_size} is out of range: use 2..64")
+    if args.val_sequences < 0:
+        raise DFlashError(f"--val-sequences {args.val_sequences} is negative: give a count of sequences to hold out, or 0")
     if args.data_only and len(args.data_cache or []) != 1:
         raise DFlashError("--data-only needs --data-cache FILE (one file) to write the data to")
     log = lambda m: print(m, flush=True)
