@@ -43,3 +43,20 @@ def test_overall_speedup_weighs_prompts_by_time_and_takes_the_median_over_repeat
         dflash += [run(r, "dflash", 0.25 * scale), run(r, "dflash", 1.0 * scale)]
     # repeat 0 and 1: 200 tokens in 2 s vs 1.25 s -> 1.6x; repeat 2: 2 s vs 2.5 s -> 0.8x
     assert overall_speedup(dflash, base) == 1.6
+
+
+def test_text_view_lists_the_summary_rounded(random_dirs, capsys):
+    """`benchmark` without --json prints one `name: value` line per summary figure, floats to 3
+    decimals (lists too), and exits 0 when the outputs are identical."""
+    import re
+
+    from dflash_core.cli import main
+
+    target, draft = random_dirs["qwen3"]
+    assert main(["benchmark", "--model", str(target), "--draft", str(draft), "--prompt", "def f(x):",
+                 "--max-tokens", "12", "--repeat", "1", "--min-confidence", "0"]) == 0
+    out = capsys.readouterr().out
+    names = [line.split(":")[0].strip() for line in out.splitlines()]
+    assert {"speedup_median", "overall_speedup_median", "tokens_per_cycle_mean", "acceptance_by_position"} <= set(names)
+    assert "identical: True" in out
+    assert not re.search(r"\d\.\d{4,}", out), out  # no float printed past 3 decimals

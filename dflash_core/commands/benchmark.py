@@ -39,6 +39,17 @@ def _numbers(text: str, option: str, kind, what: str, ok=lambda x: True) -> list
     return values
 
 
+def _rounded(value):
+    """Floats to 3 decimals, inside lists and dicts too (the text view; --json keeps them whole)."""
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
 def run(args) -> int:
     prompts = load_prompts(args.prompt, args.prompts)
     sweep = _numbers(args.sweep, "--sweep", int, "block sizes") if args.sweep else []
@@ -59,5 +70,5 @@ def run(args) -> int:
         print(json.dumps(res))
     else:
         for k, v in s.items():
-            print(f"{k:>32}: {v}")
+            print(f"{k:>32}: {_rounded(v)}")
     return 0 if s["identical"] else 1
