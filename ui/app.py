@@ -105,22 +105,18 @@ class Playground:
         except DFlashError as e:
             info, (B, cap) = render.error_html(str(e)), (16, self.max_tokens_cap)
 
-        def number(name, default, lo, hi):
+        def number(name, default, lo, hi, kind=int):
             try:
-                return max(lo, min(hi, int(q.get(name, default))))
+                return max(lo, min(hi, kind(q.get(name, default))))
             except ValueError:
                 return default
 
-        try:
-            min_confidence = max(0.0, min(1.0, float(q.get("min_confidence", default_min_confidence()))))
-        except ValueError:
-            min_confidence = default_min_confidence()
         return (
             q.get("prompt", example_prompts()[0]),
             number("max_tokens", min(128, cap), 1, cap),
             number("block_size", B, 2, B),
             q.get("chat", "0") in ("1", "true", "yes") if "chat" in q else self.catalogue.kind(key) == "hub",
-            min_confidence,
+            number("min_confidence", default_min_confidence(), 0.0, 1.0, float),
             info,
         )
 

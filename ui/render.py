@@ -73,8 +73,9 @@ def _token_span(text: str, cls: str, tip: str, inline: bool = False) -> str:
 
 def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> str:
     """One cycle: the staged (target-chosen) token, the accepted drafts, then the rejected drafts
-    struck through (and those the target did not verify, under a confidence threshold). `pieces` are the texts of `ev.committed`; `draft_text(id)` decodes one
-    proposal on its own. At most `max_rejected` rejected drafts are shown (None = all)."""
+    struck through (and those the target did not verify, under a confidence threshold). `pieces`
+    are the texts of `ev.committed`; `draft_text(id)` decodes one proposal on its own. At most
+    `max_rejected` rejected drafts are shown (None = all)."""
     a, v = ev.accepted_len, ev.verified
     head = f"cycle {ev.cycle}"
     tail = f"accepted {a}/{v}" + (" (all: bonus token next)" if ev.is_bonus else "")
@@ -304,17 +305,15 @@ def explain(ev: CycleEvent, token_text) -> str:
     def q(tok):
         return f"<code>{show_text(token_text(tok), inline=True)}</code>"
 
+    read = (f"The target then read the {B} tokens in one forward pass and" if v == B - 1 else
+            f"The draft was sure of only the first {v} (each at least the confidence threshold; "
+            f"the first always goes), so the target read {v + 1} tokens, not {B}: on a CPU every "
+            "verified position costs time, and unsure guesses are rarely accepted. It")
     s = [
         f"The target had already chosen {q(ev.staged_token)} (the staged token). "
         f"The draft saw it followed by {B - 1} MASK slots and filled all {B - 1} in one forward pass.",
-        f"The target then read the {B} tokens in one forward pass and said, at every position, "
-        "which token it would pick itself.",
+        f"{read} said, at every position, which token it would pick itself.",
     ]
-    if v < B - 1:
-        s[1] = (f"The draft was sure of only the first {v} (each at least the confidence threshold; "
-                f"the first always goes), so the target read {v + 1} tokens, not {B}: on a CPU every "
-                "verified position costs time, and unsure guesses are rarely accepted. It said, at "
-                "every position, which token it would pick itself.")
     if ev.is_bonus:
         s.append(f"It agreed with every {'verified ' if v < B - 1 else ''}guess, so all {a} were kept, and its pick after the last one, "
                  f"{q(ev.next_staged)}, comes free: a bonus token, staged for the next cycle.")

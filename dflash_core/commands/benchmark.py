@@ -3,7 +3,7 @@ import json
 from pathlib import Path
 
 from ..benchmark import load_prompts, run_benchmark
-from .common import add_min_confidence_arg, add_pair_args, load, log, positive_int
+from .common import add_min_confidence_arg, add_pair_args, load, log, positive_int, probability
 
 
 def add_parser(sub):
@@ -26,17 +26,16 @@ def add_parser(sub):
     p.set_defaults(func=run)
 
 
-def _numbers(text: str, option: str, kind, what: str, ok=lambda x: True) -> list:
+def _numbers(text: str, option: str, kind, what: str) -> list:
     """A comma-separated option (--sweep 4,8,16; --confidence-sweep 0,0.2), or one error line."""
+    import argparse
+
     from ..errors import DFlashError
 
     try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = None
-    if values is None or not all(ok(x) for x in values):
-        raise DFlashError(f"{option} '{text}' is not a comma-separated list of {what}")
-    return values
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except (ValueError, argparse.ArgumentTypeError):
+        raise DFlashError(f"{option} '{text}' is not a comma-separated list of {what}") from None
 
 
 def _rounded(value):
@@ -53,8 +52,8 @@ def _rounded(value):
 def run(args) -> int:
     prompts = load_prompts(args.prompt, args.prompts)
     sweep = _numbers(args.sweep, "--sweep", int, "block sizes") if args.sweep else []
-    levels = (_numbers(args.confidence_sweep, "--confidence-sweep", float, "probabilities between 0 and 1",
-                       lambda c: 0 <= c <= 1) if args.confidence_sweep else [])
+    levels = (_numbers(args.confidence_sweep, "--confidence-sweep", probability, "probabilities between 0 and 1")
+              if args.confidence_sweep else [])
     pair = load(args)
     res = run_benchmark(pair, prompts, args.max_tokens, args.repeat, args.block_size, args.chat_template,
                         args.oracle, sweep, log=log, min_confidence=args.min_confidence,

@@ -28,13 +28,13 @@ def positive_int(text: str) -> int:
 
 
 def add_min_confidence_arg(p):
-    p.add_argument("--min-confidence", type=_probability,
+    p.add_argument("--min-confidence", type=probability,
                    help="verify only the leading draft tokens the draft gives at least this probability "
                         "(the first always); 0 verifies all B-1 (default: 0.2 on a CPU, 0 on a GPU)")
 
 
-def _probability(text: str) -> float:
-    """A probability, 0 .. 1 (--min-confidence)."""
+def probability(text: str) -> float:
+    """A probability, 0 .. 1 (--min-confidence, --confidence-sweep)."""
     import argparse
 
     try:
