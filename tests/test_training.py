@@ -4,6 +4,7 @@ training forward is the inference forward."""
 import inspect
 import json
 import shutil
+from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
@@ -13,7 +14,10 @@ from mlx.utils import tree_flatten
 from dflash_core.cli import main
 from dflash_core.draft import DraftContext
 from dflash_core.loading import load_draft, load_pair
-from dflash_core.train_draft import block_logits, tapped_hidden
+from dflash_core.train_draft import (block_logits, greedy, greedy_batch, load_frozen_target, regenerate,
+                                     tapped_hidden)
+
+from conftest import PROMPTS
 
 TINY_TARGET = ["--vocab-size", "512", "--hidden", "64", "--layers", "4", "--heads", "4",
                "--kv-heads", "2", "--intermediate", "128", "--seq-len", "96", "--batch-size", "8",
@@ -145,6 +149,29 @@ def test_train_draft_on_hybrid_target_is_lossless(tmp_path, random_dirs, corpus)
     *_, ours = pair.dflash(ids, 32)
     *_, ref = pair.baseline(ids, 32)
     assert ours.tokens == ref.tokens
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_regenerate_rows_are_the_engines_greedy_continuations(random_dirs, family):
+    """The batched regeneration (prompts of different lengths, one of a single token, in two
+    batches) gives row for row the engine's plain greedy continuation, cut after its first EOS,
+    which becomes the tokenizer's first EOS id; once every row has stopped, it stops."""
+    model, tokenizer = load_frozen_target(str(random_dirs[family][0]))
+    prompts = [tokenizer.encode(p) for p in PROMPTS] + [[7], tokenizer.encode(" ".join(PROMPTS))]
+    assert len({len(p) for p in prompts}) == len(prompts)
+    max_new = 40
+    natural = [greedy(model, p, max_new, set(tokenizer.eos_token_ids)) for p in prompts]
+    # EOS ids chosen from those continuations: 5th tokens stop some rows early, 2nd tokens every row
+    first = list(tokenizer.eos_token_ids)[0]
+    for eos in ([first, natural[0][4], natural[3][4]], [first, *{r[1] for r in natural}]):
+        want = []
+        for p in prompts:
+            row = greedy(model, p, max_new, set(eos))
+            want.append(row[:-1] + [first] if row[-1] in eos else row)
+        got = regenerate(model, SimpleNamespace(eos_token_ids=eos), prompts, max_new, 4, log=lambda _: None)
+        assert got == want
+        assert any(len(r) < max_new for r in got)
+    assert max(map(len, want)) <= 3 and len(greedy_batch(model, prompts, max_new, eos)[0]) < max_new
 
 
 def test_train_draft_bad_input_is_one_error_line(tmp_path, capsys, random_dirs):
