@@ -41,6 +41,40 @@ case "$pair" in
         --minutes "$minutes"
       prev="$out/draft-$k"
     done
+    # stages 8-9: 3.5x the data. 23 x 500 more prompts from the CPU (seeds 29-40, 50-60) and 7 seeds
+    # on the H200 (~9,550 prompts each, 26 s per seed with the batched greedy loop). All of it merged
+    # (repeated prompts once: 86,778 sequences), shuffled and halved; each stage reads 30,000 of its
+    # half (the taps of 43k sequences did not fit the H200's memory next to training).
+    for seed in $(seq 29 40) $(seq 50 60); do
+      $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
+        --num-prompts 500 --gen-batch 250 --seed "$seed" --data-cache "$out/data/seed$seed.json"
+    done
+    for seed in $(seq 42 48); do
+      $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
+        --num-prompts 24000 --gen-batch 5000 --seed "$seed" --data-cache "$out/data/gpu$seed.json"
+    done
+    $py - "$out" "${data_all[@]}" "$out"/data/seed{29..40}.json "$out"/data/seed{50..60}.json \
+        "$out"/data/gpu{42..48}.json <<'PY'
+import json, random, sys
+from pathlib import Path
+from dflash_core.train_draft import read_data
+out, paths = Path(sys.argv[1]), [Path(p) for p in sys.argv[2:]]
+prompts, responses = read_data(paths)
+order = list(range(len(prompts)))
+random.Random(6).shuffle(order)
+half = len(order) // 2
+for name, part in (("setA", order[:half][:30000]), ("setB", order[half:][:30000])):
+    (out / f"{name}.json").write_text(json.dumps({"target": str(out / "target"),
+        "prompts": [prompts[i] for i in part], "responses": [responses[i] for i in part]}))
+PY
+    for stage in "8 4e-4 setA" "9 2.5e-4 setB"; do
+      read -r k lr half <<< "$stage"
+      $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft-$k" \
+        --resume "$prev" --data-cache "$out/$half.json" --cache-taps --compute-dtype bfloat16 \
+        --batch-size 64 --anchors 240 --epochs 400 --eval-every 500 --eval-prompts 8 \
+        --val-sequences 512 --lr "$lr" --minutes 7.0
+      prev="$out/draft-$k"
+    done
     mv "$prev" "$out/draft"
     ;;
   hybrid)
