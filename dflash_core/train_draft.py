@@ -17,6 +17,7 @@ import json
 import math
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -283,6 +284,20 @@ def init_from_target(draft: DraftModel, model):
     draft.norm.weight = Target.text_model(model).norm.weight.astype(mx.float32)
 
 
+def add_layers(draft: DraftModel, n: int) -> DraftModel:
+    """The draft with n more layers on top, each starting as the identity (its attention and MLP
+    output projections zero: the residual stream passes unchanged), so the grown draft proposes
+    exactly what the smaller one did and training starts from there rather than from scratch."""
+    cfg = draft.config
+    types = cfg.layer_types + cfg.layer_types[-1:] * n if cfg.layer_types else []
+    grown = DraftModel(replace(cfg, num_hidden_layers=cfg.num_hidden_layers + n, layer_types=types))
+    grown.load_weights(tree_flatten(draft.parameters()), strict=False)
+    for layer in grown.layers[cfg.num_hidden_layers :]:
+        layer.self_attn.o_proj.weight = mx.zeros_like(layer.self_attn.o_proj.weight)
+        layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
+    return grown
+
+
 def save_draft(draft: DraftModel, out: Path, dtype=mx.float16):
     """Public DFlash format: config.json + model.safetensors (fc, hidden_norm, layers.N.*, norm)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -374,6 +389,8 @@ def train(args, log=print) -> dict:
         draft = load_draft(Path(args.resume))
         draft.set_dtype(mx.float32)
         check_fit(model, draft, len(model.layers))
+        if args.add_layers:
+            draft = add_layers(draft, args.add_layers)
         cfg = draft.config
     else:
         cfg = make_draft_config(model, tokenizer, args.layers, args.block_size, args.mask_token,
@@ -533,6 +550,8 @@ def add_arguments(p):
     p.add_argument("--cache-taps", action="store_true",
                    help="compute the target's hidden states once and keep them (memory: sequences x length x hidden x taps)")
     p.add_argument("--resume", help="draft directory to continue training from (its config wins)")
+    p.add_argument("--add-layers", type=int, default=0,
+                   help="with --resume: put this many new layers on top, each starting as the identity")
     p.add_argument("--mask-token", default="<|mask|>")
     p.add_argument("--num-prompts", type=int, default=2000)
     p.add_argument("--data-cache", nargs="+",

@@ -14,8 +14,8 @@ from mlx.utils import tree_flatten
 from dflash_core.cli import main
 from dflash_core.draft import DraftContext
 from dflash_core.loading import load_draft, load_pair
-from dflash_core.train_draft import (block_logits, greedy, greedy_batch, load_frozen_target, regenerate,
-                                     tapped_hidden)
+from dflash_core.train_draft import (add_layers, block_logits, greedy, greedy_batch, load_frozen_target,
+                                     regenerate, tapped_hidden)
 
 from conftest import PROMPTS
 
@@ -279,6 +279,35 @@ def test_train_target_renamed_copies_and_keep_last(tmp_path, corpus, trained):
     assert summary["train_files"] == base["train_files"]
     assert summary["corpus_tokens"] > 1.5 * base["corpus_tokens"]  # the originals + one renamed copy
     assert "plus 1 renamed copy of each" in (out / "README.md").read_text()
+
+
+def test_added_layers_start_as_the_identity_then_train(tmp_path, corpus, trained):
+    """--resume D --add-layers 1: the grown draft's first forward equals D's (the new layer passes
+    the residual stream through), and training it from there writes a deeper draft that learns and
+    runs lossless."""
+    target, draft_dir = trained
+    pair = load_pair(str(target), str(draft_dir))
+    grown = add_layers(pair.draft, 1)
+    assert len(grown.layers) == len(pair.draft.layers) + 1
+    block = pair.target.embed(mx.array([5] + [grown.config.mask_token_id] * 15))[None]
+    taps = []
+    pair.target.prefill(pair.encode("def fib(n):"), on_taps=taps.append)
+    ctx, grown_ctx = DraftContext(pair.draft), DraftContext(grown)
+    for chunk in taps:
+        ctx.extend(chunk)
+        grown_ctx.extend(chunk)
+    assert mx.allclose(pair.draft(block, ctx.kv, ctx.length), grown(block, grown_ctx.kv, grown_ctx.length), atol=1e-5)
+
+    out = tmp_path / "grown"
+    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
+                 "--resume", str(draft_dir), "--add-layers", "1", *TINY_DRAFT[:-1], "--epochs", "2"]) == 0
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == len(pair.draft.layers) + 1
+    grown_pair = load_pair(str(target), str(out))
+    ids = grown_pair.encode("class Stack:\n    def push(self, item):")
+    *_, ours = grown_pair.dflash(ids, 40)
+    *_, ref = grown_pair.baseline(ids, 40)
+    assert ours.tokens == ref.tokens
+    assert main(["train-draft", "--target", str(target), "--out", str(tmp_path / "x"), "--add-layers", "1"]) == 2
 
 
 def test_cache_taps_trains_the_same_draft(tmp_path, corpus, trained):
