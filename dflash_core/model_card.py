@@ -45,6 +45,8 @@ source, so the playground runs with no download. It writes Python-looking code, 
 
 def draft_card(s: dict) -> str:
     hist = ", ".join(f"{h['step']}: {h['tau']}" for h in s["history"])
+    share = s.get("distill", 0)
+    distilled = f", {share:g} of it against the target's whole next-token distribution" if share else ""
     return f"""# DFlash draft for {s['target']}
 
 A block-diffusion draft in the public DFlash checkpoint format (`config.json` with
@@ -58,7 +60,7 @@ It has no embeddings or LM head: it borrows the target's.
 - Training (`dflash_core/train_draft.py`): frozen target; batches of {s['batch_size']} sequences with up to
   {s['anchors']} anchors each, resampled each step; block `[token@anchor, MASK x (B-1)]`; block-sparse
   attention (context strictly before the anchor, own block bidirectional); loss weights
-  exp(-(k-1)/{s['loss_gamma']:g}); AdamW, cosine schedule with warm-up; {s['compute_dtype']} compute.
+  exp(-(k-1)/{s['loss_gamma']:g}){distilled}; AdamW, cosine schedule with warm-up; {s['compute_dtype']} compute.
   {s['steps']} steps ({s['epochs_run']} epochs), {s['train_seconds']} s (+{s['data_seconds']} s
   regenerating data) on {s.get('device', 'one NVIDIA H200 (MLX CUDA)')}. Loss {s['first_loss']} -> {s['final_loss']}.
 - Engine acceptance during training (mean tokens per cycle, held-out prompts, step: tau): {hist}.

@@ -238,10 +238,23 @@ def make_batch(data: "Sequences", rows, n_anchors: int, cfg: DraftConfig, weight
     return block_ids, flat, seq_of_block, labels, weights, int(valid.sum())
 
 
-def draft_loss(draft, head, taps, block_embeds, anchors, seq_of_block, labels, weights):
+def draft_loss(draft, head, taps, block_embeds, anchors, seq_of_block, labels, weights, teacher=None, distill=0.0):
+    """Cross-entropy on the target's greedy tokens, weighted by block position; with distill > 0,
+    mixed with the cross-entropy on the target's whole distribution there (`teacher` logits)."""
     logits = block_logits(draft, head, taps, block_embeds, anchors, seq_of_block).astype(mx.float32)
     ce = nn.losses.cross_entropy(logits, labels, reduction="none")
+    if distill:
+        soft = -(mx.softmax(teacher, axis=-1) * nn.log_softmax(logits, axis=-1)).sum(axis=-1)
+        ce = (1 - distill) * ce + distill * soft
     return (ce * weights).sum() / mx.maximum(weights.sum(), 1e-6)
+
+
+def teacher_logits(target: Target, last_hidden, anchors, seq_of_block, block_size: int):
+    """The target's own logits for each block's labels: position i's final hidden state predicts
+    token i + 1, so the labels at anchor + 1 .. anchor + B - 1 come from anchor .. anchor + B - 2."""
+    pos = anchors[:, None] + mx.arange(block_size - 1)[None]
+    h = last_hidden[seq_of_block[:, None], pos]  # (blocks, B - 1, hidden)
+    return mx.stop_gradient(target.head(target.inner.norm(h)).astype(mx.float32))
 
 
 def make_draft_config(model, tokenizer, layers: int, block_size: int, mask_token: str = "<|mask|>",
@@ -420,7 +433,13 @@ def train(args, log=print) -> dict:
     # refreshed from the float32 master weights every step); the optimizer updates the masters.
     # The engine's evaluation and the saved draft use the float32 ones.
     low = DTYPES[args.compute_dtype]
-    work_target = target if low == mx.float32 else Target(load_frozen_target(str(args.target), low)[0], cfg.target_layer_ids)
+    # --distill also needs the target's last layer (its logits come from there): recorded after the taps
+    n_taps, last = len(cfg.target_layer_ids), target.num_layers - 1
+    recorded = cfg.target_layer_ids + ([last] if args.distill and last not in cfg.target_layer_ids else [])
+    if low == mx.float32 and recorded == cfg.target_layer_ids:
+        work_target = target
+    else:
+        work_target = Target(model if low == mx.float32 else load_frozen_target(str(args.target), low)[0], recorded)
     work = draft if low == mx.float32 else DraftModel(cfg)
     head = work_target.head
     embed = work_target.embed
@@ -428,7 +447,7 @@ def train(args, log=print) -> dict:
 
     cached_taps = None
     if args.cache_taps:  # the target is frozen: its taps can be computed once for all epochs
-        per_tap = [[] for _ in cfg.target_layer_ids]
+        per_tap = [[] for _ in recorded]
         for r in range(0, len(data), 64):
             taps = tapped_hidden(work_target, mx.array(data.ids[r : r + 64]))
             mx.eval(taps)
@@ -447,11 +466,12 @@ def train(args, log=print) -> dict:
         return [t[mx.array(rows)] for t in cached_taps]
 
     def validation_loss() -> float:
+        """On the greedy tokens alone (whatever --distill is), so runs compare."""
         rng, total, weight = np.random.default_rng(0), 0.0, 0.0
         for r in range(0, n_val, args.batch_size):
             rows = val_rows[r : r + args.batch_size]
             block_ids, flat, seq_of_block, labels, weights, _ = make_batch(data, rows, args.anchors, cfg, weights_k, rng)
-            loss = draft_loss(draft, head, taps_of(rows), embed(mx.array(block_ids)), mx.array(flat),
+            loss = draft_loss(draft, head, taps_of(rows)[:n_taps], embed(mx.array(block_ids)), mx.array(flat),
                               mx.array(seq_of_block), mx.array(labels), weights)
             w = weights.sum().item()
             total, weight = total + loss.item() * w, weight + w
@@ -463,8 +483,11 @@ def train(args, log=print) -> dict:
     state = [draft.state, opt.state]
 
     def step(taps, block_embeds, anchors, seq_of_block, labels, weights):
+        teacher = (teacher_logits(work_target, taps[recorded.index(last)], anchors, seq_of_block, B)
+                   if args.distill else None)
         loss, grads = value_and_master_grad(
-            draft, work, low, lambda d: draft_loss(d, head, taps, block_embeds, anchors, seq_of_block, labels, weights))
+            draft, work, low, lambda d: draft_loss(d, head, taps[:n_taps], block_embeds, anchors, seq_of_block,
+                                                   labels, weights, teacher, args.distill))
         grads, _ = optim.clip_grad_norm(grads, 1.0)
         opt.update(draft, grads)
         return loss
@@ -525,7 +548,7 @@ def train(args, log=print) -> dict:
         "target_layer_ids": cfg.target_layer_ids, "sequences": len(train_rows), "val_sequences": n_val,
         "response_tokens": n_resp,
         "batch_size": args.batch_size, "anchors": args.anchors, "loss_gamma": loss_gamma(B),
-        "compute_dtype": args.compute_dtype, "steps": i, "epochs_run": round(i / steps_per_epoch, 2),
+        "compute_dtype": args.compute_dtype, "distill": args.distill, "steps": i, "epochs_run": round(i / steps_per_epoch, 2),
         "data_seconds": round(t_data),
         "train_seconds": round(train_s), "final_loss": round(float(np.mean(losses[-window:])), 4),
         "first_loss": round(float(np.mean(losses[:window])), 4),
@@ -571,6 +594,9 @@ def add_arguments(p):
     p.add_argument("--minutes", type=float, help="train for this long at most (schedule by time)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--distill", type=float, default=0.0,
+                   help="0..1: share of the loss taken against the target's whole next-token distribution "
+                        "instead of its greedy token (0: greedy tokens only, the published recipe)")
     p.add_argument("--val-sequences", type=int, default=0,
                    help="hold out this many sequences of the data and report the draft's loss on them at each evaluation")
     p.add_argument("--eval-every", type=int, default=200)

@@ -13,9 +13,10 @@ from mlx.utils import tree_flatten
 
 from dflash_core.cli import main
 from dflash_core.draft import DraftContext
-from dflash_core.loading import load_draft, load_pair
-from dflash_core.train_draft import (add_layers, block_logits, greedy, greedy_batch, load_frozen_target,
-                                     regenerate, tapped_hidden)
+from dflash_core.loading import DEFAULT_PAIR, SHIPPED, load_draft, load_pair
+from dflash_core.target import Target
+from dflash_core.train_draft import (Sequences, add_layers, block_logits, greedy, greedy_batch, load_frozen_target,
+                                     make_batch, regenerate, tapped_hidden, teacher_logits)
 
 from conftest import PROMPTS
 
@@ -308,6 +309,46 @@ def test_added_layers_start_as_the_identity_then_train(tmp_path, corpus, trained
     *_, ref = grown_pair.baseline(ids, 40)
     assert ours.tokens == ref.tokens
     assert main(["train-draft", "--target", str(target), "--out", str(tmp_path / "x"), "--add-layers", "1"]) == 2
+
+
+def test_distill_teacher_is_the_targets_distribution_at_each_label():
+    """The teacher logits for a block's labels come from the target's own forward one position
+    earlier: on the target's own greedy data their argmax is the label. (The shipped target: a
+    tiny one repeats itself, so a shifted teacher would agree too.)"""
+    model, tokenizer = load_frozen_target(str(SHIPPED[DEFAULT_PAIR][0]))
+    target = Target(model, [0, len(model.layers) - 1])
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    data = Sequences(prompts, regenerate(model, tokenizer, prompts, 40, 8, log=lambda _: None), pad_id=0)
+    cfg = SimpleNamespace(block_size=8, mask_token_id=1)
+    rows = np.arange(len(data))
+    _, anchors, seq_of_block, labels, weights, _ = make_batch(data, rows, 6, cfg, mx.ones(7), np.random.default_rng(0))
+    last = target.sequence_taps(mx.array(data.ids[rows]))[-1]
+    teacher = teacher_logits(target, last, mx.array(anchors), mx.array(seq_of_block), 8)
+    valid = np.array(weights) > 0
+    agree = np.array(mx.argmax(teacher, axis=-1))[valid] == labels[valid]
+    assert valid.sum() > 100 and agree.mean() > 0.95, agree.mean()
+
+
+def test_distill_trains_with_the_last_layer_recorded_besides_the_taps(tmp_path, corpus, trained):
+    """--distill with taps that leave out the target's last layer (recorded besides them, cached
+    with them): the loss falls and the draft runs lossless; out-of-range shares are one error line."""
+    target, _ = trained
+    first = {}
+    for share in ("0", "0.5"):
+        out = tmp_path / f"kd{share}"
+        assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out), "--layers", "1",
+                     "--target-layers", "0", "2", "--distill", share, "--cache-taps", *TINY_DRAFT]) == 0
+        s = json.loads((out / "training.json").read_text())
+        assert s["distill"] == float(share) and s["final_loss"] < 0.8 * s["first_loss"], s
+        first[share] = s["first_loss"]
+        assert ("whole next-token distribution" in (out / "README.md").read_text()) == (share != "0")
+    assert first["0.5"] != pytest.approx(first["0"], rel=1e-3)  # the same start, another loss
+    pair = load_pair(str(target), str(out))
+    ids = pair.encode("def fib(n):")
+    *_, ours = pair.dflash(ids, 40)
+    *_, ref = pair.baseline(ids, 40)
+    assert ours.tokens == ref.tokens
+    assert main(["train-draft", "--target", str(target), "--out", str(tmp_path / "x"), "--distill", "1.5"]) == 2
 
 
 def test_cache_taps_trains_the_same_draft(tmp_path, corpus, trained):
