@@ -249,12 +249,13 @@ def draft_loss(draft, head, taps, block_embeds, anchors, seq_of_block, labels, w
     return (ce * weights).sum() / mx.maximum(weights.sum(), 1e-6)
 
 
-def teacher_logits(target: Target, last_hidden, anchors, seq_of_block, block_size: int):
-    """The target's own logits for each block's labels: position i's final hidden state predicts
-    token i + 1, so the labels at anchor + 1 .. anchor + B - 1 come from anchor .. anchor + B - 2."""
+def teacher_logits(head, final_hidden, anchors, seq_of_block, block_size: int):
+    """The target's own logits for each block's labels, from its normed final hidden states
+    (S, L, h): position i predicts token i + 1, so the labels at anchor + 1 .. anchor + B - 1 come
+    from anchor .. anchor + B - 2."""
     pos = anchors[:, None] + mx.arange(block_size - 1)[None]
-    h = last_hidden[seq_of_block[:, None], pos]  # (blocks, B - 1, hidden)
-    return mx.stop_gradient(target.head(target.inner.norm(h)).astype(mx.float32))
+    h = final_hidden[seq_of_block[:, None], pos]  # (blocks, B - 1, hidden)
+    return mx.stop_gradient(head(h).astype(mx.float32))
 
 
 def make_draft_config(model, tokenizer, layers: int, block_size: int, mask_token: str = "<|mask|>",
@@ -461,9 +462,15 @@ def train(args, log=print) -> dict:
         log(f"cached the target's taps for {len(data)} sequences")
 
     def taps_of(rows):
+        """The draft's taps for these sequences; with --distill, then the target's normed final
+        hidden state (normed out here: MLX's compiled step refused the target's norm inside it)."""
         if cached_taps is None:
-            return tapped_hidden(work_target, mx.array(data.ids[rows]))
-        return [t[mx.array(rows)] for t in cached_taps]
+            taps = tapped_hidden(work_target, mx.array(data.ids[rows]))
+        else:
+            taps = [t[mx.array(rows)] for t in cached_taps]
+        if args.distill:
+            return taps[:n_taps] + [work_target.inner.norm(taps[recorded.index(last)])]
+        return taps
 
     def validation_loss() -> float:
         """On the greedy tokens alone (whatever --distill is), so runs compare."""
@@ -483,8 +490,7 @@ def train(args, log=print) -> dict:
     state = [draft.state, opt.state]
 
     def step(taps, block_embeds, anchors, seq_of_block, labels, weights):
-        teacher = (teacher_logits(work_target, taps[recorded.index(last)], anchors, seq_of_block, B)
-                   if args.distill else None)
+        teacher = teacher_logits(head, taps[n_taps], anchors, seq_of_block, B) if args.distill else None
         loss, grads = value_and_master_grad(
             draft, work, low, lambda d: draft_loss(d, head, taps[:n_taps], block_embeds, anchors, seq_of_block,
                                                    labels, weights, teacher, args.distill))
