@@ -82,7 +82,7 @@ PY
       --hidden 192 --layers 4 --heads 4 --kv-heads 2 --intermediate 576 --vocab-size 4096 \
       --seq-len 256 --batch-size 128 --lr 2e-3 --eval-every 200 --minutes "${TARGET_MIN:-1.5}"
     # the shipped hybrid draft was trained on a 2-core CPU (batched generation of qwen3_5 failed
-    # on MLX CUDA 0.32.4 with a CUDA-graph error), in three runs: 600 prompts, 1500 more, 6000 more
+    # on MLX CUDA 0.32.4 with a CUDA-graph error), in four runs: 600 prompts, 1500 more, 6000 more, 6000 more
     $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft-a" \
       --layers 1 --target-layers 1 3 --num-prompts 600 --response-tokens 128 --max-prompt-tokens 128 \
       --gen-batch 300 --data-cache "$out/data600.json" --batch-size 8 --anchors 48 --epochs 200 \
@@ -93,11 +93,17 @@ PY
       --lr 1e-3 --eval-every 200 --eval-prompts 3 --eval-tokens 96 --cache-taps --seed 1 \
       --minutes "${DRAFT2_MIN:-13}"
     # a third run (2026-11-30, same CPU): 6,000 new prompts (seed 2), the batched greedy loop
-    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft" \
+    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft-c" \
       --resume "$out/draft-b" --num-prompts 6000 --response-tokens 128 --max-prompt-tokens 128 \
       --gen-batch 500 --data-cache "$out/data6000.json" --seed 2 --batch-size 8 --anchors 48 \
       --epochs 200 --lr 7e-4 --eval-every 300 --eval-prompts 3 --eval-tokens 96 --cache-taps \
       --minutes "${DRAFT3_MIN:-25}"
+    # and a fourth: 6,000 more (seed 3)
+    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft" \
+      --resume "$out/draft-c" --num-prompts 6000 --response-tokens 128 --max-prompt-tokens 128 \
+      --gen-batch 500 --data-cache "$out/data6000s3.json" --seed 3 --batch-size 8 --anchors 48 \
+      --epochs 200 --lr 5e-4 --eval-every 300 --eval-prompts 3 --eval-tokens 96 --cache-taps \
+      --minutes "${DRAFT4_MIN:-20}"
     ;;
   *) echo "usage: $0 coder|hybrid OUT_DIR" >&2; exit 2 ;;
 esac
