@@ -131,11 +131,12 @@ def greedy_batch(model, prompts: list, max_new: int, eos: list) -> list:
     # every row's next token goes in one column.
     cache = [layer[0].merge(list(layer)) for layer in zip(*(make_prompt_cache(model) for _ in prompts))]
     heads = [p[:-1] for p in prompts]  # the last prompt token is the first decode input
-    width = max(map(len, heads))
+    lengths = [len(h) for h in heads]
+    width = max(lengths)
     if width:
-        pad = [width - len(h) for h in heads]
+        pad = [width - n for n in lengths]
         for c in cache:
-            c.prepare(lengths=list(map(len, heads)), right_padding=pad)
+            c.prepare(lengths=lengths, right_padding=pad)
         model(mx.array([h + [0] * k for h, k in zip(heads, pad)]), cache=cache)
         for c in cache:
             c.finalize()

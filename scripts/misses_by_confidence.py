@@ -30,12 +30,13 @@ def matches(target: Target, draft, tokenizer, prompt_ids: list, max_new: int) ->
     B, mask = draft.config.block_size, draft.config.mask_token_id
     seq = prompt_ids + greedy(target.model, prompt_ids, max_new, set(tokenizer.eos_token_ids))
     x = mx.array([seq])
-    logits = target.model(x)[0]
+    *taps, last = tapped_hidden(target, x)  # one forward: the draft's taps, then the target's last layer
+    logits = target.head(target.inner.norm(last))[0]
     sure = np.array(mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1)))  # of token i+1, at i
     anchors = np.arange(len(prompt_ids) - 1, len(seq) - B)  # the first block is the first cycle's
     blocks = np.full((len(anchors), B), mask)
     blocks[:, 0] = np.array(seq)[anchors]
-    out = block_logits(draft, target.head, tapped_hidden(target, x), target.embed(mx.array(blocks)),
+    out = block_logits(draft, target.head, taps, target.embed(mx.array(blocks)),
                        mx.array(anchors), mx.zeros(len(anchors), dtype=mx.int32))
     proposals = np.array(mx.argmax(out, axis=-1))
     k = np.arange(1, B)
@@ -66,7 +67,7 @@ def main():
     model, tokenizer = load_frozen_target(args.target)
     draft = load_draft(Path(args.draft))
     draft.set_dtype(mx.float32)
-    target = Target(model, draft.config.target_layer_ids)
+    target = Target(model, draft.config.target_layer_ids + [len(model.layers) - 1])
     if args.prompts:
         sets = [(f, json.loads(Path(f).read_text()), args.chat_template) for f in args.prompts]
     else:
