@@ -103,19 +103,23 @@ def regenerate(model, tokenizer, prompts: list, max_new: int, batch: int, log=pr
     eos = list(tokenizer.eos_token_ids)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together: less padding
     out = [None] * len(prompts)
-    t0 = time.time()
-    for s in range(0, len(order), batch):
+    t0, s = time.time(), 0
+    while s < len(order):
         idx = order[s : s + batch]
-        chunk = [prompts[i] for i in idx]
         try:
-            rows = greedy_batch(model, chunk, max_new, eos)
-        except RuntimeError as e:  # seen on MLX CUDA with qwen3_5 batch caches: one prompt at a time
-            log(f"batched generation failed ({str(e).splitlines()[0][:80]}); generating one by one")
-            rows = [greedy(model, ids, max_new, set(eos)) for ids in chunk]
+            rows = greedy_batch(model, [prompts[i] for i in idx], max_new, eos)
+        except RuntimeError as e:
+            # MLX CUDA 0.32 refused 1,200 qwen3_5 rows at once (a CUDA-graph error) and ran 8: halve and go on
+            if batch == 1:
+                raise
+            batch //= 2
+            log(f"batched generation failed ({str(e).splitlines()[0][:80]}); batches of {batch} from here")
+            continue
         for i, row in zip(idx, rows):
             stop = next((j for j, t in enumerate(row) if t in eos), None)
             out[i] = row if stop is None else row[:stop] + eos[:1]  # what follows an EOS is junk
-        log(f"regenerated {s + len(idx)}/{len(prompts)} continuations, {time.time() - t0:.0f}s")
+        s += len(idx)
+        log(f"regenerated {s}/{len(prompts)} continuations, {time.time() - t0:.0f}s")
     return out
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from dflash_core import train_draft
 from dflash_core.cli import main
 from dflash_core.draft import DraftContext
 from dflash_core.loading import DEFAULT_PAIR, SHIPPED, load_draft, load_pair
@@ -173,6 +174,32 @@ def test_regenerate_rows_are_the_engines_greedy_continuations(random_dirs, famil
         assert got == want
         assert any(len(r) < max_new for r in got)
     assert max(map(len, want)) <= 3 and len(greedy_batch(model, prompts, max_new, eos)[0]) < max_new
+
+
+def test_regenerate_halves_batches_that_mlx_refuses(random_dirs, monkeypatch):
+    """Where a batch is refused (MLX CUDA raised a RuntimeError for large qwen3_5 batches), the
+    rest is generated in halved batches, rows unchanged; a refused single row is an error."""
+    model, tokenizer = load_frozen_target(str(random_dirs["qwen3"][0]))
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    want = regenerate(model, tokenizer, prompts, 12, 8, log=lambda _: None)
+    real, sizes, logs = train_draft.greedy_batch, [], []
+
+    def refuse_large(model, chunk, *args):
+        sizes.append(len(chunk))
+        if len(chunk) > 2:
+            raise RuntimeError("cudaGraphAddKernelNode failed: invalid argument")
+        return real(model, chunk, *args)
+
+    monkeypatch.setattr(train_draft, "greedy_batch", refuse_large)
+    assert regenerate(model, tokenizer, prompts, 12, 8, log=logs.append) == want
+    assert sizes[:3] == [len(prompts), 4, 2] and set(sizes[3:]) <= {1, 2}
+    assert any("batches of 2" in m for m in logs)
+    def refuse_all(model, chunk, *args):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(train_draft, "greedy_batch", refuse_all)
+    with pytest.raises(RuntimeError, match="refused"):
+        regenerate(model, tokenizer, prompts, 12, 8, log=lambda _: None)
 
 
 def test_train_draft_bad_input_is_one_error_line(tmp_path, capsys, random_dirs):
