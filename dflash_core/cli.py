@@ -15,22 +15,23 @@ COMMANDS = ["generate", "serve", "benchmark", "models", "doctor", "train-target"
 PROG = "dflash" if os.path.basename(sys.argv[0]) == "dflash" else "python -m dflash_core"
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def error(self, message):
         raise DFlashError(f"{message} (see `{self.prog} --help`)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f".commands.{name.replace('-', '_')}", __package__).add_parser(sub)
     return parser
 
 
-def main(argv=None) -> int:
+def main(argv=None, parser=None) -> int:
+    """Parse argv with `parser` (default: every command's) and run the chosen command."""
     try:
-        args = build_parser().parse_args(argv)
+        args = (parser or build_parser()).parse_args(argv)
         return args.func(args) or 0
     except DFlashError as e:
         print(f"error: {e}", file=sys.stderr)

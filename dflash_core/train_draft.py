@@ -27,6 +27,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 
+from .argtypes import count, positive_int, probability
 from .backend import DTYPES
 from .draft import DraftConfig, DraftModel, default_target_layer_ids
 from .engine import baseline_generate, dflash_generate
@@ -576,44 +577,44 @@ def add_arguments(p):
     p.add_argument("--data", default="stdlib",
                    help="'stdlib', a directory/file of source text, or a .jsonl of {\"prompt\": ...}")
     p.add_argument("--out", required=True, help="draft directory to write")
-    p.add_argument("--layers", type=int, default=1, help="draft layers")
-    p.add_argument("--intermediate", type=int, help="draft MLP size (default: the target's)")
+    p.add_argument("--layers", type=positive_int, default=1, help="draft layers")
+    p.add_argument("--intermediate", type=positive_int, help="draft MLP size (default: the target's)")
     p.add_argument("--target-layers", type=int, nargs="+",
                    help="target layers whose hidden states the draft reads (default: the published spacing rule)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--cache-taps", action="store_true",
                    help="compute the target's hidden states once and keep them (memory: sequences x length x hidden x taps)")
     p.add_argument("--resume", help="draft directory to continue training from (its config wins)")
-    p.add_argument("--add-layers", type=int, default=0,
+    p.add_argument("--add-layers", type=count, default=0,
                    help="with --resume: put this many new layers on top, each starting as the identity")
     p.add_argument("--mask-token", default="<|mask|>")
-    p.add_argument("--num-prompts", type=int, default=2000)
+    p.add_argument("--num-prompts", type=positive_int, default=2000)
     p.add_argument("--data-cache", nargs="+",
                    help="JSON file: reuse the regenerated data if it exists, else write it; several files "
                         "(from --data-only runs, e.g. one per --seed) are read and merged")
     p.add_argument("--data-only", action="store_true",
                    help="only regenerate the data into --data-cache (then train several drafts on it)")
-    p.add_argument("--chat-fraction", type=float, default=0.7, help="share of prompts in the chat template")
-    p.add_argument("--rename-fraction", type=float, default=0.0,
+    p.add_argument("--chat-fraction", type=probability, default=0.7, help="share of prompts in the chat template")
+    p.add_argument("--rename-fraction", type=probability, default=0.0,
                    help="share of prompts whose own names are swapped for others (code the target never saw)")
-    p.add_argument("--max-prompt-tokens", type=int, default=256)
-    p.add_argument("--response-tokens", type=int, default=256)
-    p.add_argument("--gen-batch", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per step")
-    p.add_argument("--anchors", type=int, default=64, help="anchors (blocks) per sequence per step")
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--max-prompt-tokens", type=positive_int, default=256)
+    p.add_argument("--response-tokens", type=positive_int, default=256)
+    p.add_argument("--gen-batch", type=positive_int, default=256)
+    p.add_argument("--batch-size", type=positive_int, default=16, help="sequences per step")
+    p.add_argument("--anchors", type=positive_int, default=64, help="anchors (blocks) per sequence per step")
+    p.add_argument("--epochs", type=positive_int, default=6)
     p.add_argument("--minutes", type=float, help="train for this long at most (schedule by time)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--distill", type=float, default=0.0,
+    p.add_argument("--distill", type=probability, default=0.0,
                    help="0..1: share of the loss taken against the target's whole next-token distribution "
                         "instead of its greedy token (0: greedy tokens only, the published recipe)")
-    p.add_argument("--val-sequences", type=int, default=0,
+    p.add_argument("--val-sequences", type=count, default=0,
                    help="hold out this many sequences of the data and report the draft's loss on them at each evaluation")
-    p.add_argument("--eval-every", type=int, default=200)
-    p.add_argument("--eval-prompts", type=int, default=4)
-    p.add_argument("--eval-tokens", type=int, default=128)
-    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--eval-every", type=count, default=200)
+    p.add_argument("--eval-prompts", type=count, default=4)
+    p.add_argument("--eval-tokens", type=positive_int, default=128)
+    p.add_argument("--log-every", type=positive_int, default=20)
     p.add_argument("--compute-dtype", choices=DTYPES, default="float32",
                    help="bfloat16: forward and backward in 16 bits over float32 master weights "
                         "(several times faster on a GPU; slow on a CPU)")

@@ -24,7 +24,9 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from .argtypes import count, positive_int, probability
 from .backend import DTYPES
+from .errors import DFlashError
 from .tokenizer import EOS, IM_END, IM_START, save_tokenizer, train_bpe
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
@@ -316,15 +318,29 @@ def lr_at(progress: float, peak: float, warmup: float = 0.04, floor: float = 0.1
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def check_shape(args):
+    """Build the requested shape (two layers of it) and run two tokens through it before the
+    tokenizer's minutes of training: mlx-lm's own objection (head sizes, grouped-query ratios)
+    becomes one error line."""
+    cfg = model_config(args.arch, args.vocab_size, [0], args.hidden, min(args.layers, 2), args.heads,
+                       args.kv_heads, args.intermediate, args.max_positions)
+    try:
+        mx.eval(build_model(cfg)(mx.array([[1, 2]])))
+    except ValueError as e:
+        raise DFlashError(f"--hidden {args.hidden} --heads {args.heads} --kv-heads {args.kv_heads} do not make a "
+                          f"{args.arch} model ({str(e).splitlines()[0].rstrip('.')}): give an even number of heads, a "
+                          f"multiple of kv-heads, whose size hidden / heads is a multiple of 4, e.g. --hidden 256 "
+                          f"--heads 4 --kv-heads 2") from None
+
+
 def train(args, log=print) -> dict:
     """Train tokenizer + model and write the model directory; returns a summary dict."""
     t_start = time.time()
+    check_shape(args)
     out = Path(args.out)
     root = Path(args.corpus) if args.corpus else stdlib_dir()
     train_docs, heldout_docs = read_corpus(root)
     if not train_docs:
-        from .errors import DFlashError
-
         raise DFlashError(f"no Python files to train on under '{root}'")
     log(f"corpus: {root}: {len(train_docs)} training files, {len(heldout_docs)} held out")
 
@@ -423,24 +439,24 @@ def add_arguments(p):
     p.add_argument("--out", required=True, help="model directory to write")
     p.add_argument("--arch", choices=ARCHS, default="qwen3")
     p.add_argument("--corpus", help="directory of .py files (default: this interpreter's stdlib)")
-    p.add_argument("--vocab-size", type=int, default=4096)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--intermediate", type=int, default=768)
-    p.add_argument("--max-positions", type=int, default=4096)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--steps", type=int, default=2000, help="optimizer steps (ignored with --minutes)")
+    p.add_argument("--vocab-size", type=positive_int, default=4096)
+    p.add_argument("--hidden", type=positive_int, default=256)
+    p.add_argument("--layers", type=positive_int, default=6)
+    p.add_argument("--heads", type=positive_int, default=4)
+    p.add_argument("--kv-heads", type=positive_int, default=2)
+    p.add_argument("--intermediate", type=positive_int, default=768)
+    p.add_argument("--max-positions", type=positive_int, default=4096)
+    p.add_argument("--seq-len", type=positive_int, default=512)
+    p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--steps", type=positive_int, default=2000, help="optimizer steps (ignored with --minutes)")
     p.add_argument("--minutes", type=float, help="train for this long instead (schedule by time)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--chat-fraction", type=float, default=0.5)
+    p.add_argument("--chat-fraction", type=probability, default=0.5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--eval-every", type=int, default=500)
-    p.add_argument("--renamed-copies", type=int, default=0,
+    p.add_argument("--log-every", type=positive_int, default=50)
+    p.add_argument("--eval-every", type=count, default=500)
+    p.add_argument("--renamed-copies", type=count, default=0,
                    help="also train on this many copies of each file with its own names swapped for "
                         "other files' names (more data from a small corpus; teaches copying names)")
     p.add_argument("--keep", choices=("best", "last"), default="best",

@@ -212,6 +212,41 @@ def test_train_draft_bad_input_is_one_error_line(tmp_path, capsys, random_dirs):
     assert "outside the target" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["train-draft", "--gen-batch", "0"], "--gen-batch: 0 is too small"),
+    (["train-draft", "--anchors", "-4"], "--anchors: -4 is too small"),
+    (["train-draft", "--val-sequences", "-1"], "--val-sequences: -1 is negative"),
+    (["train-draft", "--distill", "1.5"], "--distill: 1.5 is not between 0 and 1"),
+    (["train-draft", "--add-layers", "1"], "give --resume DRAFT too"),
+    (["train-target", "--layers", "0"], "--layers: 0 is too small"),
+    (["train-target", "--hidden", "100", "--heads", "3"], "do not make a qwen3 model"),
+    (["train-target", "--heads", "4", "--kv-heads", "3"], "do not make a qwen3 model"),
+    (["train-target", "--arch", "qwen3_5", "--heads", "5", "--hidden", "80", "--kv-heads", "1"],
+     "do not make a qwen3_5 model"),
+])
+def test_trainers_bad_sizes_are_one_error_line_before_any_work(argv, says, tmp_path, capsys, random_dirs):
+    """Sizes and shares are checked as they are parsed, and a model shape mlx-lm cannot build is
+    refused before the tokenizer trains: one error line, exit 2, nothing written."""
+    target, _ = random_dirs["qwen3"]
+    first = ["--target", str(target)] if argv[0] == "train-draft" else []
+    assert main([argv[0], *first, "--out", str(tmp_path / "out"), *argv[1:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and says in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_trainer_modules_run_alone_give_the_same_error_line(tmp_path):
+    """`python -m dflash_core.commands.train_target` (the reproduce scripts' form) parses like the CLI."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "dflash_core.commands.train_target", "--out", str(tmp_path / "t"),
+                        "--seq-len", "-1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: argument --seq-len: -1 is too small: give a whole number >= 1 "
+        "(see `python -m dflash_core.commands.train_target --help`)"]
+
+
 def test_data_only_writes_the_regenerated_data_for_later_runs(tmp_path, capsys, random_dirs, corpus):
     """--data-only regenerates once and trains nothing; a later run reuses the file as its data."""
     target, _ = random_dirs["qwen3"]

@@ -2,8 +2,9 @@
 import json
 from pathlib import Path
 
+from ..argtypes import positive_int, probability, whole_number
 from ..benchmark import load_prompts, run_benchmark
-from .common import add_min_confidence_arg, add_pair_args, load, log, positive_int, probability
+from .common import add_min_confidence_arg, add_pair_args, load, log
 
 
 def add_parser(sub):
@@ -12,7 +13,7 @@ def add_parser(sub):
     g = p.add_mutually_exclusive_group()
     g.add_argument("--prompt")
     g.add_argument("--prompts", help="JSON list of prompts, or text with prompts separated by blank lines")
-    p.add_argument("--max-tokens", type=positive_int, default=256)
+    p.add_argument("--max-tokens", type=whole_number, default=256)
     p.add_argument("--repeat", type=positive_int, default=3)
     p.add_argument("--block-size", type=positive_int)
     p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")

@@ -1,6 +1,7 @@
 """Arguments and helpers shared by the commands that load a model pair."""
 import sys
 
+from ..argtypes import probability
 from ..loading import load_pair
 
 
@@ -18,32 +19,10 @@ def load(args):
     return load_pair(args.model, args.draft)
 
 
-def positive_int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        import argparse
-
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-
-
 def add_min_confidence_arg(p):
     p.add_argument("--min-confidence", type=probability,
                    help="verify only the leading draft tokens the draft gives at least this probability "
                         "(the first always); 0 verifies all B-1 (default: 0.2 on a CPU, 0 on a GPU)")
-
-
-def probability(text: str) -> float:
-    """A probability, 0 .. 1 (--min-confidence, --confidence-sweep)."""
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number: give a probability such as 0.4") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1: give a probability such as 0.4")
-    return value
 
 
 def _device_name() -> str:
@@ -74,8 +53,9 @@ def save_training_record(out, command: str, summary: dict, card) -> None:
 def run_standalone(module: str, add_arguments, run) -> None:
     """`python -m dflash_core.commands.X`: one command without the CLI's others (e.g. on a bare
     GPU machine that lacks the server's packages)."""
-    import argparse
+    from ..cli import Parser, main
 
-    parser = argparse.ArgumentParser(prog=f"python -m {module}")
+    parser = Parser(prog=f"python -m {module}")
     add_arguments(parser)
-    sys.exit(run(parser.parse_args()))
+    parser.set_defaults(func=run)
+    sys.exit(main(parser=parser))

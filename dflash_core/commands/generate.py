@@ -1,15 +1,16 @@
 """generate: DFlash on one prompt, optionally side by side with plain greedy decoding."""
 import json
 
+from ..argtypes import positive_int, whole_number
 from ..events import CycleEvent, RunSummary
-from .common import add_min_confidence_arg, add_pair_args, load, log, positive_int
+from .common import add_min_confidence_arg, add_pair_args, load, log
 
 
 def add_parser(sub):
     p = sub.add_parser("generate", help="generate text with DFlash speculative decoding")
     add_pair_args(p)
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-tokens", type=positive_int, default=256)
+    p.add_argument("--max-tokens", type=whole_number, default=256)
     p.add_argument("--block-size", type=positive_int, help="2 .. the draft's block size (default: the draft's)")
     add_min_confidence_arg(p)
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")

@@ -1,10 +1,11 @@
 """serve: the OpenAI-compatible API, Prometheus metrics and the playground in one process."""
 import socket
 
+from ..argtypes import positive_int
 from ..errors import DFlashError
 from ..loading import DEFAULT_PAIR
 from ..worker import default_worker
-from .common import add_pair_args, load, log, positive_int
+from .common import add_pair_args, load, log
 
 
 def add_parser(sub):

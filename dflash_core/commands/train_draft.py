@@ -20,12 +20,8 @@ def run(args) -> int:
         raise DFlashError(f"--target '{args.target}' is not an mlx-lm model directory (no config.json)")
     if not 2 <= args.block_size <= 64:
         raise DFlashError(f"--block-size {args.block_size} is out of range: use 2..64")
-    if args.val_sequences < 0:
-        raise DFlashError(f"--val-sequences {args.val_sequences} is negative: give a count of sequences to hold out, or 0")
-    if not 0 <= args.distill <= 1:
-        raise DFlashError(f"--distill {args.distill} is out of range: give a share of the loss in 0..1")
-    if args.add_layers < 0 or (args.add_layers and not args.resume):
-        raise DFlashError(f"--add-layers {args.add_layers}: give a positive count of layers, together with --resume DRAFT to grow")
+    if args.add_layers and not args.resume:
+        raise DFlashError(f"--add-layers {args.add_layers} grows a trained draft: give --resume DRAFT too")
     if args.data_only and len(args.data_cache or []) != 1:
         raise DFlashError("--data-only needs --data-cache FILE (one file) to write the data to")
     log = lambda m: print(m, flush=True)
