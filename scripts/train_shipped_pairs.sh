@@ -110,7 +110,7 @@ PY
       --seq-len 256 --batch-size 128 --lr 2e-3 --eval-every 200 --minutes "${TARGET_MIN:-1.5}"
     # the shipped hybrid draft was trained on a 2-core CPU (batched generation of 1,200 qwen3_5 rows
     # failed on MLX CUDA 0.32.4 with a CUDA-graph error; the trainer now halves the batch there), in
-    # five runs: 600 prompts, 1500 more, then 6000 more three times
+    # six runs: 600 prompts, 1500 more, then 6000 more four times
     $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft-a" \
       --layers 1 --target-layers 1 3 --num-prompts 600 --response-tokens 128 --max-prompt-tokens 128 \
       --gen-batch 300 --data-cache "$out/data600.json" --batch-size 8 --anchors 48 --epochs 200 \
@@ -132,12 +132,17 @@ PY
       --gen-batch 500 --data-cache "$out/data6000s3.json" --seed 3 --batch-size 8 --anchors 48 \
       --epochs 200 --lr 5e-4 --eval-every 300 --eval-prompts 3 --eval-tokens 96 --cache-taps \
       --minutes "${DRAFT4_MIN:-20}"
-    # and a fifth (a later session): 6,000 more (seed 4)
-    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft" \
+    # a fifth and a sixth (a later session): 6,000 more each (seeds 4 and 5)
+    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft-e" \
       --resume "$out/draft-d" --num-prompts 6000 --response-tokens 128 --max-prompt-tokens 128 \
       --gen-batch 500 --data-cache "$out/data6000s4.json" --seed 4 --batch-size 8 --anchors 48 \
       --epochs 200 --lr 4e-4 --eval-every 300 --eval-prompts 3 --eval-tokens 96 --cache-taps \
       --minutes "${DRAFT5_MIN:-20}"
+    $py -m dflash_core.commands.train_draft --target "$out/target" --out "$out/draft" \
+      --resume "$out/draft-e" --num-prompts 6000 --response-tokens 128 --max-prompt-tokens 128 \
+      --gen-batch 500 --data-cache "$out/data6000s5.json" --seed 5 --batch-size 8 --anchors 48 \
+      --epochs 200 --lr 3e-4 --eval-every 300 --eval-prompts 3 --eval-tokens 96 --cache-taps \
+      --minutes "${DRAFT6_MIN:-20}"
     ;;
   *) echo "usage: $0 coder|hybrid OUT_DIR" >&2; exit 2 ;;
 esac
