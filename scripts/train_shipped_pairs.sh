@@ -14,18 +14,23 @@ case "$pair" in
       --seq-len 512 --batch-size 64 --lr 1.5e-3 --renamed-copies 2 --eval-every 100 \
       --minutes "${TARGET_MIN:-1.5}"
     draft=(--target "$out/target" --chat-fraction 0.5 --rename-fraction 0.5)
+    # regenerate PROMPTS GEN_BATCH NAME SEED...: the target's own continuations, one data file per seed
+    regenerate() {
+      local n=$1 batch=$2 name=$3
+      shift 3
+      for seed in "$@"; do
+        $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
+          --num-prompts "$n" --gen-batch "$batch" --seed "$seed" --data-cache "$out/data/$name$seed.json"
+      done
+    }
     $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/draft-1" \
       --layers 3 --target-layers 1 4 7 10 13 15 --num-prompts 5200 --data-cache "$out/data.json" \
       --batch-size 64 --anchors 128 --epochs 400 --eval-every 400 --eval-prompts 8 --lr 1.5e-3 \
       --minutes "${DRAFT_MIN:-3.05}"
     # more data, regenerated once per seed (the shipped draft's seeds 11-28 on a 2-core CPU while
     # the GPU was away, 1000 prompts each; seed 41 on the H200: the stdlib sampler gives ~9,900)
-    for seed in $(seq 11 28); do
-      $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
-        --num-prompts 1000 --seed "$seed" --data-cache "$out/data/seed$seed.json"
-    done
-    $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
-      --num-prompts 24000 --gen-batch 8000 --seed 41 --data-cache "$out/data/gpu41.json"
+    regenerate 1000 256 seed $(seq 11 28)
+    regenerate 24000 8000 gpu 41
     # stages 2-4 read the 16 CPU seeds, stages 5-7 all of it (files merged, repeated prompts once).
     # The shipped stage 5 is the step-1000 checkpoint of its 8-minute run (the device's call limit
     # stopped it there); here it runs to the end.
@@ -45,14 +50,8 @@ case "$pair" in
     # on the H200 (~9,550 prompts each, 26 s per seed with the batched greedy loop). All of it merged
     # (repeated prompts once: 86,778 sequences), shuffled and halved; each stage reads 30,000 of its
     # half (the taps of 43k sequences did not fit the H200's memory next to training).
-    for seed in $(seq 29 40) $(seq 50 60); do
-      $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
-        --num-prompts 500 --gen-batch 250 --seed "$seed" --data-cache "$out/data/seed$seed.json"
-    done
-    for seed in $(seq 42 48); do
-      $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
-        --num-prompts 24000 --gen-batch 5000 --seed "$seed" --data-cache "$out/data/gpu$seed.json"
-    done
+    regenerate 500 250 seed $(seq 29 40) $(seq 50 60)
+    regenerate 24000 5000 gpu $(seq 42 48)
     $py - "$out" "${data_all[@]}" "$out"/data/seed{29..40}.json "$out"/data/seed{50..60}.json \
         "$out"/data/gpu{42..48}.json <<'PY'
 import json, random, sys
@@ -81,10 +80,7 @@ PY
     # stages 8-9 left out (the control arm of an A/B against --add-layers 1 and --distill 0.5, which
     # did not beat it); stage 11 = 7.2 min on the other 16,778 plus 7 new H200 seeds (61-67) minus
     # every prompt already trained on: 60,715 sequences after 512 held out, read without cached taps.
-    for seed in $(seq 61 67); do
-      $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
-        --num-prompts 24000 --gen-batch 5000 --seed "$seed" --data-cache "$out/data/gpu$seed.json"
-    done
+    regenerate 24000 5000 gpu $(seq 61 67)
     $py - "$out" "${data_all[@]}" "$out"/data/seed{29..40}.json "$out"/data/seed{50..60}.json \
         "$out"/data/gpu{42..48}.json "$out"/data/gpu{61..67}.json <<'PY'
 import json, sys
