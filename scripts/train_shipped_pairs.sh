@@ -52,8 +52,8 @@ case "$pair" in
     # half (the taps of 43k sequences did not fit the H200's memory next to training).
     regenerate 500 250 seed $(seq 29 40) $(seq 50 60)
     regenerate 24000 5000 gpu $(seq 42 48)
-    $py - "$out" "${data_all[@]}" "$out"/data/seed{29..40}.json "$out"/data/seed{50..60}.json \
-        "$out"/data/gpu{42..48}.json <<'PY'
+    data_89=("${data_all[@]}" "$out"/data/seed{29..40}.json "$out"/data/seed{50..60}.json "$out"/data/gpu{42..48}.json)
+    $py - "$out" "${data_89[@]}" <<'PY'
 import json, random, sys
 from pathlib import Path
 from dflash_core.train_draft import read_data
@@ -76,29 +76,38 @@ PY
         --val-sequences 512 --lr "$lr" --minutes 7.0
       prev="$out/draft-$k"
     done
+    # novel NAME K FILE...: the prompts of the last K files that no earlier file has, as OUT/NAME.json
+    novel() {
+      $py - "$out/$1.json" "$2" "${@:3}" <<'PY'
+import json, sys
+from pathlib import Path
+from dflash_core.train_draft import read_data
+dest, k, paths = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+n_seen = len(read_data(paths[:-k])[0])
+prompts, responses = read_data(paths)  # in order, repeats once: the new files' new prompts come last
+dest.write_text(json.dumps({"target": str(dest.parent / "target"),
+    "prompts": prompts[n_seen:], "responses": responses[n_seen:]}))
+PY
+    }
     # stages 10-11 (a fourth session): stage 10 = 1.8 min on 10,000 of the 26,778 sequences that
     # stages 8-9 left out (the control arm of an A/B against --add-layers 1 and --distill 0.5, which
     # did not beat it); stage 11 = 7.2 min on the other 16,778 plus 7 new H200 seeds (61-67) minus
     # every prompt already trained on: 60,715 sequences after 512 held out, read without cached taps.
     regenerate 24000 5000 gpu $(seq 61 67)
-    $py - "$out" "${data_all[@]}" "$out"/data/seed{29..40}.json "$out"/data/seed{50..60}.json \
-        "$out"/data/gpu{42..48}.json "$out"/data/gpu{61..67}.json <<'PY'
-import json, sys
-from pathlib import Path
-from dflash_core.train_draft import read_data
-out, paths = Path(sys.argv[1]), [Path(p) for p in sys.argv[2:]]
-n_seen = len(read_data(paths[:-7])[0])  # the 86,778 of stages 8-9
-prompts, responses = read_data(paths)  # in order, repeats once: the new seeds' new prompts come last
-(out / "novel.json").write_text(json.dumps({"target": str(out / "target"),
-    "prompts": prompts[n_seen:], "responses": responses[n_seen:]}))
-PY
+    novel novel 7 "${data_89[@]}" "$out"/data/gpu{61..67}.json
     common=(--target "$out/target" --compute-dtype bfloat16 --batch-size 64 --anchors 240 --epochs 400
             --eval-prompts 16 --eval-tokens 256 --val-sequences 512)
     $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-10" --resume "$prev" \
       --data-cache "$out/setC1.json" --cache-taps --lr 4e-4 --minutes 1.8
     $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-11" --resume "$out/draft-10" \
       --data-cache "$out/setC2.json" "$out/novel.json" --eval-every 500 --lr 3e-4 --minutes 7.2
-    mv "$out/draft-11" "$out/draft"
+    # stage 12 (a fifth session): 8.2 min on 8 more H200 seeds (68-75) minus every prompt of
+    # stages 1-11: 43,275 sequences after 512 held out
+    regenerate 24000 5000 gpu $(seq 68 75)
+    novel novel12 8 "${data_89[@]}" "$out"/data/gpu{61..75}.json
+    $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-12" --resume "$out/draft-11" \
+      --data-cache "$out/novel12.json" --eval-every 1000 --lr 3e-4 --minutes 8.2
+    mv "$out/draft-12" "$out/draft"
     ;;
   hybrid)
     $py -m dflash_core.commands.train_target --out "$out/target" --arch qwen3_5 \
