@@ -82,11 +82,12 @@ PY
 import json, sys
 from pathlib import Path
 from dflash_core.train_draft import read_data
-dest, k, paths = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-n_seen = len(read_data(paths[:-k])[0])
-prompts, responses = read_data(paths)  # in order, repeats once: the new files' new prompts come last
+dest, k, paths = Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]]
+seen = {tuple(p) for p in read_data(paths[:-k])[0]}
+prompts, responses = read_data(paths[-k:])  # each file read once; repeats among the new files once
+keep = [i for i, p in enumerate(prompts) if tuple(p) not in seen]
 dest.write_text(json.dumps({"target": str(dest.parent / "target"),
-    "prompts": prompts[n_seen:], "responses": responses[n_seen:]}))
+    "prompts": [prompts[i] for i in keep], "responses": [responses[i] for i in keep]}))
 PY
     }
     # stages 10-11 (a fourth session): stage 10 = 1.8 min on 10,000 of the 26,778 sequences that
