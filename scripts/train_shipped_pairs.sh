@@ -118,7 +118,7 @@ PY
     $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-13" --resume "$out/draft-12" \
       --data-cache "$out/novel13.json" --eval-every 1000 --lr 3e-4 --minutes 8.4
     $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-14" --resume "$out/draft-13" \
-      --data-cache "$out/novel13.json" --eval-every 100000 --lr 1.5e-4 --minutes 5.6 --seed 1
+      --data-cache "$out/novel13.json" --eval-every 0 --lr 1.5e-4 --minutes 5.6 --seed 1
     mv "$out/draft-14" "$out/draft"
     ;;
   hybrid)
