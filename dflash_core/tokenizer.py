@@ -6,8 +6,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOS, IM_START, IM_END, MASK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"
 SPECIALS = [EOS, IM_START, IM_END, MASK]
+# A message's trailing whitespace is dropped: the BPE merges a line break with the next line's
+# indent ("\n   "), so the models learn a bare "\n" only before an unindented line, and a prompt
+# ending in one asks for a new top-level definition rather than the body the user is writing.
+# The trained chat turns never end that way (their user part stops before a newline token).
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'].rstrip() }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 

@@ -1,5 +1,6 @@
 """The pairs shipped in assets/models load offline and decode exactly like plain greedy."""
 import json
+import re
 import subprocess
 import sys
 
@@ -47,6 +48,20 @@ def test_shipped_pair_is_lossless_and_accepts_drafts(name):
         assert ours.tokens == ref.tokens
         tokens, cycles = tokens + len(ours.tokens), cycles + ours.cycles
     assert tokens / cycles > 1.2
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_chat_reply_continues_the_users_function(name):
+    """The chat template drops a message's trailing line break, as the targets' training turns
+    did (their BPE puts a line break and the next indent in one token): the reply to a function
+    header is the function's indented body. A bare trailing "\n" token asks for a new top-level
+    definition instead (a new class or def, the old template's reply)."""
+    pair = load_pair(name)
+    prompt = 'def parse_header(line):\n    """Split an HTTP header line into a name and a value."""\n'
+    ids = pair.encode(prompt)
+    assert ids == pair.encode(prompt.rstrip())
+    *_, run = pair.baseline(ids, 8)
+    assert re.match(r"\n[ \t]+\S", pair.decode(run.tokens))
 
 
 def test_min_confidence_verifies_fewer_rows_and_stays_lossless():
