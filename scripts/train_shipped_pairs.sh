@@ -119,7 +119,15 @@ PY
       --data-cache "$out/novel13.json" --eval-every 1000 --lr 3e-4 --minutes 8.4
     $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-14" --resume "$out/draft-13" \
       --data-cache "$out/novel13.json" --eval-every 0 --lr 1.5e-4 --minutes 5.6 --seed 1
-    mv "$out/draft-14" "$out/draft"
+    # stages 15-16 (a seventh session): 8 more H200 seeds (96-103) minus every prompt of stages 1-11
+    # and of seeds 86-95: 38,590 sequences; 7 min at 3e-4, then 4.5 min at half the rate in another order
+    regenerate 24000 5000 gpu $(seq 96 103)
+    novel novel15 8 "${data_89[@]}" "$out"/data/gpu{61..67}.json "$out"/data/gpu{86..103}.json
+    $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-15" --resume "$out/draft-14" \
+      --data-cache "$out/novel15.json" --eval-every 1000 --lr 3e-4 --minutes 7.0
+    $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-16" --resume "$out/draft-15" \
+      --data-cache "$out/novel15.json" --eval-every 0 --lr 1.5e-4 --minutes 4.5 --seed 1
+    mv "$out/draft-16" "$out/draft"
     ;;
   hybrid)
     $py -m dflash_core.commands.train_target --out "$out/target" --arch qwen3_5 \
