@@ -108,25 +108,28 @@ PY
     novel novel12 8 "${data_89[@]}" "$out"/data/gpu{61..75}.json
     $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-12" --resume "$out/draft-11" \
       --data-cache "$out/novel12.json" --eval-every 1000 --lr 3e-4 --minutes 8.2
-    # stages 13-14 (a sixth session): 10 more H200 seeds (86-95) minus every prompt of stages 1-11
-    # (not those of stage 12: their files stayed on the device): 54,079 sequences. The shipped stage
-    # 13 is the step-1000 checkpoint of an 8.4-minute run (the device's call limit stopped it at step
-    # ~1600, before its last save); here it runs to the end. Stage 14 goes on from it at half the
-    # rate, in another order (--seed 1), with no evaluation until the end.
-    regenerate 24000 5000 gpu $(seq 86 95)
-    novel novel13 10 "${data_89[@]}" "$out"/data/gpu{61..67}.json "$out"/data/gpu{86..95}.json
-    $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-13" --resume "$out/draft-12" \
-      --data-cache "$out/novel13.json" --eval-every 1000 --lr 3e-4 --minutes 8.4
-    $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-14" --resume "$out/draft-13" \
-      --data-cache "$out/novel13.json" --eval-every 0 --lr 1.5e-4 --minutes 5.6 --seed 1
-    # stages 15-16 (a seventh session): 8 more H200 seeds (96-103) minus every prompt of stages 1-11
-    # and of seeds 86-95: 38,590 sequences; 7 min at 3e-4, then 4.5 min at half the rate in another order
-    regenerate 24000 5000 gpu $(seq 96 103)
-    novel novel15 8 "${data_89[@]}" "$out"/data/gpu{61..67}.json "$out"/data/gpu{86..103}.json
-    $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-15" --resume "$out/draft-14" \
-      --data-cache "$out/novel15.json" --eval-every 1000 --lr 3e-4 --minutes 7.0
-    $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-16" --resume "$out/draft-15" \
-      --data-cache "$out/novel15.json" --eval-every 0 --lr 1.5e-4 --minutes 4.5 --seed 1
+    # stage_pair N FIRST LAST MIN1 MIN2: H200 seeds FIRST..LAST minus every prompt of the files in
+    # `seen`; stage N on them at lr 3e-4 for MIN1 minutes, stage N+1 from it at half the rate in
+    # another order (--seed 1) for MIN2, with no evaluation until the end
+    seen=("${data_89[@]}" "$out"/data/gpu{61..67}.json)
+    stage_pair() {
+      local n=$1 new=()
+      regenerate 24000 5000 gpu $(seq "$2" "$3")
+      for seed in $(seq "$2" "$3"); do new+=("$out/data/gpu$seed.json"); done
+      novel "novel$n" "${#new[@]}" "${seen[@]}" "${new[@]}"
+      seen+=("${new[@]}")
+      $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-$n" --resume "$out/draft-$((n - 1))" \
+        --data-cache "$out/novel$n.json" --eval-every 1000 --lr 3e-4 --minutes "$4"
+      $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-$((n + 1))" --resume "$out/draft-$n" \
+        --data-cache "$out/novel$n.json" --eval-every 0 --lr 1.5e-4 --minutes "$5" --seed 1
+    }
+    # stages 13-14 (a sixth session): seeds 86-95 minus every prompt of stages 1-11 (not those of
+    # stage 12: their files stayed on the device): 54,079 sequences. The shipped stage 13 is the
+    # step-1000 checkpoint of an 8.4-minute run (the device's call limit stopped it at step ~1600,
+    # before its last save); here it runs to the end.
+    stage_pair 13 86 95 8.4 5.6
+    # stages 15-16 (a seventh session): seeds 96-103 minus those and seeds 86-95: 38,590 sequences
+    stage_pair 15 96 103 7.0 4.5
     mv "$out/draft-16" "$out/draft"
     ;;
   hybrid)
