@@ -14,12 +14,13 @@ case "$pair" in
       --seq-len 512 --batch-size 64 --lr 1.5e-3 --renamed-copies 2 --eval-every 100 \
       --minutes "${TARGET_MIN:-1.5}"
     draft=(--target "$out/target" --chat-fraction 0.5 --rename-fraction 0.5)
+    source=()  # where regenerate's prompts come from: the stdlib (the default) until stage 17
     # regenerate PROMPTS GEN_BATCH NAME SEED...: the target's own continuations, one data file per seed
     regenerate() {
       local n=$1 batch=$2 name=$3
       shift 3
       for seed in "$@"; do
-        $py -m dflash_core.commands.train_draft "${draft[@]}" --out "$out/data" --data-only \
+        $py -m dflash_core.commands.train_draft "${draft[@]}" "${source[@]}" --out "$out/data" --data-only \
           --num-prompts "$n" --gen-batch "$batch" --seed "$seed" --data-cache "$out/data/$name$seed.json"
       done
     }
@@ -112,16 +113,26 @@ PY
     # `seen`; stage N on them at lr 3e-4 for MIN1 minutes, stage N+1 from it at half the rate in
     # another order (--seed 1) for MIN2, with no evaluation until the end
     seen=("${data_89[@]}" "$out"/data/gpu{61..67}.json)
-    stage_pair() {
-      local n=$1 new=()
-      regenerate 24000 5000 gpu $(seq "$2" "$3")
-      for seed in $(seq "$2" "$3"); do new+=("$out/data/gpu$seed.json"); done
-      novel "novel$n" "${#new[@]}" "${seen[@]}" "${new[@]}"
-      seen+=("${new[@]}")
+    # stage N DATA LR MINUTES [flags]: draft-N from draft-(N-1) on OUT/DATA.json
+    stage() {
+      local n=$1 data=$2 lr=$3 minutes=$4
+      shift 4
       $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-$n" --resume "$out/draft-$((n - 1))" \
-        --data-cache "$out/novel$n.json" --eval-every 1000 --lr 3e-4 --minutes "$4"
-      $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-$((n + 1))" --resume "$out/draft-$n" \
-        --data-cache "$out/novel$n.json" --eval-every 0 --lr 1.5e-4 --minutes "$5" --seed 1
+        --data-cache "$out/$data.json" --eval-every 1000 --lr "$lr" --minutes "$minutes" "$@"
+    }
+    # fresh NAME FILE...: the files' prompts that no file in `seen` has, as OUT/NAME.json; then they are seen
+    fresh() {
+      local name=$1
+      shift
+      novel "$name" $# "${seen[@]}" "$@"
+      seen+=("$@")
+    }
+    stage_pair() {
+      local n=$1
+      regenerate 24000 5000 gpu $(seq "$2" "$3")
+      fresh "novel$n" $(for seed in $(seq "$2" "$3"); do echo "$out/data/gpu$seed.json"; done)
+      stage "$n" "novel$n" 3e-4 "$4"
+      stage $((n + 1)) "novel$n" 1.5e-4 "$5" --seed 1 --eval-every 0
     }
     # stages 13-14 (a sixth session): seeds 86-95 minus every prompt of stages 1-11 (not those of
     # stage 12: their files stayed on the device): 54,079 sequences. The shipped stage 13 is the
@@ -130,7 +141,21 @@ PY
     stage_pair 13 86 95 8.4 5.6
     # stages 15-16 (a seventh session): seeds 96-103 minus those and seeds 86-95: 38,590 sequences
     stage_pair 15 96 103 7.0 4.5
-    mv "$out/draft-16" "$out/draft"
+    # stages 17-19 (an eighth session): code the target never saw. scripts/code_corpus.py copies up
+    # to 3M characters of each installed package (2,369 files here; rich, click and jinja2 held out);
+    # its prompts, a quarter renamed, with the stdlib's for the rest of stage 17's data. Stages 17-18:
+    # code seeds 201-203 and stdlib seeds 104-105, minus all of the above: 71,522 sequences. Stage 19:
+    # code seeds 204-206 minus those too: 52,814 sequences.
+    regenerate 24000 5000 gpu 104 105
+    $py scripts/code_corpus.py "$out/code"
+    source=(--data "$out/code" --rename-fraction 0.25)
+    regenerate 24000 5000 code 201 202 203 204 205 206
+    fresh novel17 "$out"/data/gpu{104,105}.json "$out"/data/code{201..203}.json
+    stage 17 novel17 3e-4 7.0
+    stage 18 novel17 1.5e-4 4.5 --seed 1
+    fresh novel19 "$out"/data/code{204..206}.json
+    stage 19 novel19 1.5e-4 3.3 --seed 2
+    mv "$out/draft-19" "$out/draft"
     ;;
   hybrid)
     $py -m dflash_core.commands.train_target --out "$out/target" --arch qwen3_5 \
