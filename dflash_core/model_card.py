@@ -6,6 +6,11 @@ def _renamed(s: dict) -> str:
     return f" plus {n} renamed cop{'y' if n == 1 else 'ies'} of each (the file's own names swapped for other files' names)" if n else ""
 
 
+def _dropout(s: dict) -> str:
+    p = s.get("dropout", 0)
+    return f" with residual dropout {p:g}" if p else ""
+
+
 def _kept(s: dict) -> str:
     low = s.get("lowest_heldout_loss")
     if s.get("keep") == "last" and low:
@@ -34,7 +39,7 @@ source, so the playground runs with no download. It writes Python-looking code, 
   test suites excluded){_renamed(s)}, {s['corpus_tokens']:,} tokens; {s['heldout_files']} files (1 in 20 by a hash of the
   path) held out. Half the samples are raw {s['seq_len']}-token windows, half chat turns whose user message is
   1-12 top-level lines of a file and whose reply is the code that follows.
-- Training: {s['steps']} AdamW steps, {s['tokens']:,} tokens, {s['train_seconds']} s on {s.get('device', 'one NVIDIA H200 (MLX CUDA)')}
+- Training: {s['steps']} AdamW steps{_dropout(s)}, {s['tokens']:,} tokens, {s['train_seconds']} s on {s.get('device', 'one NVIDIA H200 (MLX CUDA)')}
   ({s.get('compute_dtype', 'float32')} compute), started {s['started']}. Final train loss {s['final_train_loss']},
   held-out loss {s['heldout_loss']} (nats/token){_kept(s)}.
 - Reproduce: `{s['command']}`

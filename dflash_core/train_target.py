@@ -253,6 +253,30 @@ def build_model(cfg: dict):
     return model_cls(args_cls.from_dict(cfg))
 
 
+class ResidualDropout(nn.Module):
+    """A decoder layer whose update to the residual stream is dropped out while training (GPT-2's
+    resid_pdrop, over the attention and MLP updates together). Only for training: the model is
+    saved with its plain layers."""
+
+    def __init__(self, layer, p: float):
+        super().__init__()
+        self.layer = layer
+        self.dropout = nn.Dropout(p)
+        if hasattr(layer, "is_linear"):  # qwen3_5 picks each layer's mask and cache by it
+            self.is_linear = layer.is_linear
+
+    def __call__(self, x, *args, **kwargs):
+        return x + self.dropout(self.layer(x, *args, **kwargs) - x)
+
+
+def set_residual_dropout(model, p: float):
+    """Wrap (p > 0) or unwrap (p = 0) the decoder layers of an mlx-lm model, in place."""
+    layers = model.layers  # the model's own list: mlx-lm exposes it as `Model.layers`
+    for i, layer in enumerate(layers):
+        plain = layer.layer if isinstance(layer, ResidualDropout) else layer
+        layers[i] = ResidualDropout(plain, p) if p > 0 else plain
+
+
 def count_params(model) -> int:
     return sum(v.size for _, v in tree_flatten(model.parameters()))
 
@@ -369,6 +393,10 @@ def train(args, log=print) -> dict:
 
     low = DTYPES[args.compute_dtype]
     work = model if low == mx.float32 else build_model(cfg)
+    for m in (model, work):  # the same model twice in float32: wrapping is idempotent
+        set_residual_dropout(m, args.dropout)
+    if args.dropout:
+        state.append(mx.random.state)  # the compiled step draws the dropout masks
 
     def step(inputs, targets, mask):
         loss, grads = value_and_master_grad(model, work, low, lambda m: lm_loss(m, inputs, targets, mask))
@@ -378,7 +406,11 @@ def train(args, log=print) -> dict:
 
     if args.compile:
         step = mx.compile(step, inputs=state, outputs=state)
-    evaluate = lambda: sum(lm_loss(model, *b).item() for b in val_batches) / len(val_batches)
+    def evaluate():
+        model.eval()  # no dropout
+        loss = sum(lm_loss(model, *b).item() for b in val_batches) / len(val_batches)
+        model.train()
+        return loss
 
     budget = args.minutes * 60 if args.minutes else None
     t0, seen, i, losses = time.time(), 0, 0, []
@@ -416,6 +448,7 @@ def train(args, log=print) -> dict:
     log(f"done: {i} steps, {seen:,} tokens, {train_s:.0f}s, held-out loss {val:.3f}")
     low_loss, low_step = min(best[:2], (val, i))
 
+    set_residual_dropout(model, 0)
     save_model(model, cfg, out)
     rng = random.Random(args.seed)
     prompts = {
@@ -428,7 +461,7 @@ def train(args, log=print) -> dict:
         "arch": args.arch, "params": n_params, "vocab": vocab, "steps": i, "kept_step": best_step, "tokens": seen,
         "train_seconds": round(train_s), "total_seconds": round(time.time() - t_start),
         "final_train_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4),
-        "heldout_loss": round(val, 4), "keep": args.keep, "renamed_copies": args.renamed_copies,
+        "heldout_loss": round(val, 4), "keep": args.keep, "renamed_copies": args.renamed_copies, "dropout": args.dropout,
         "lowest_heldout_loss": {"loss": round(low_loss, 4), "step": low_step}, "corpus": str(root), "corpus_tokens": maker.num_tokens,
         "train_files": len(train_docs), "heldout_files": len(heldout_docs), "seq_len": args.seq_len,
         "compute_dtype": args.compute_dtype, "config": cfg,
@@ -459,6 +492,9 @@ def add_arguments(p):
     p.add_argument("--renamed-copies", type=count, default=0,
                    help="also train on this many copies of each file with its own names swapped for "
                         "other files' names (more data from a small corpus; teaches copying names)")
+    p.add_argument("--dropout", type=probability, default=0.0,
+                   help="drop out each layer's update to the residual stream with this probability "
+                        "while training (a small corpus read for many epochs is memorised otherwise)")
     p.add_argument("--keep", choices=("best", "last"), default="best",
                    help="best: the weights with the lowest held-out loss (they generalise best); "
                         "last: the final weights")

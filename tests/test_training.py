@@ -476,3 +476,22 @@ def test_val_sequences_are_held_out_and_their_loss_is_reported(tmp_path, corpus,
     vals = [h["val_loss"] for h in s["history"]]
     assert len(vals) >= 2 and s["val_loss"] == vals[-1]
     assert vals[-1] < vals[0], vals
+
+
+def test_train_target_dropout_trains_and_saves_the_plain_layers(tmp_path, corpus, trained):
+    """--dropout changes training (same seed, other losses) but not the saved model's layout:
+    mlx-lm loads it and its tensors are named as without dropout."""
+    from mlx_lm import load
+
+    out = tmp_path / "t"
+    assert main(["train-target", "--out", str(out), "--corpus", str(corpus), *TINY_TARGET, "--dropout", "0.2"]) == 0
+    summary = json.loads((out / "training.json").read_text())
+    base = json.loads((trained[0] / "training.json").read_text())
+    assert summary["dropout"] == 0.2 and base["dropout"] == 0.0
+    assert "with residual dropout 0.2" in (out / "README.md").read_text()
+    assert summary["final_train_loss"] != base["final_train_loss"]
+    assert summary["heldout_loss"] < np.log(summary["vocab"]) - 0.5  # it learned
+    names = lambda d: sorted(k for f in d.glob("*.safetensors") for k in mx.load(str(f)))
+    assert names(out) == names(trained[0])
+    model, _ = load(str(out))
+    assert model(mx.array([[1, 2, 3]])).shape == (1, 3, summary["vocab"])
