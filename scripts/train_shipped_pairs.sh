@@ -109,10 +109,7 @@ PY
     novel novel12 8 "${data_89[@]}" "$out"/data/gpu{61..75}.json
     $py -m dflash_core.commands.train_draft "${common[@]}" --out "$out/draft-12" --resume "$out/draft-11" \
       --data-cache "$out/novel12.json" --eval-every 1000 --lr 3e-4 --minutes 8.2
-    # stage_pair N FIRST LAST MIN1 MIN2: H200 seeds FIRST..LAST minus every prompt of the files in
-    # `seen`; stage N on them at lr 3e-4 for MIN1 minutes, stage N+1 from it at half the rate in
-    # another order (--seed 1) for MIN2, with no evaluation until the end
-    seen=("${data_89[@]}" "$out"/data/gpu{61..67}.json)
+    seen=("${data_89[@]}" "$out"/data/gpu{61..67}.json)  # stage 12's seeds stayed on the device
     # stage N DATA LR MINUTES [flags]: draft-N from draft-(N-1) on OUT/DATA.json
     stage() {
       local n=$1 data=$2 lr=$3 minutes=$4
@@ -127,6 +124,9 @@ PY
       novel "$name" $# "${seen[@]}" "$@"
       seen+=("$@")
     }
+    # stage_pair N FIRST LAST MIN1 MIN2: H200 seeds FIRST..LAST minus every prompt of the files in
+    # `seen`; stage N on them at lr 3e-4 for MIN1 minutes, stage N+1 from it at half the rate in
+    # another order (--seed 1) for MIN2, with no evaluation until the end
     stage_pair() {
       local n=$1
       regenerate 24000 5000 gpu $(seq "$2" "$3")
