@@ -28,13 +28,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# how MLX says an allocation failed: the CPU allocator, CUDA, Metal
+OUT_OF_MEMORY = ("Unable to allocate", "out of memory", "Insufficient Memory", "OutOfMemory")
+# the options that set how much a command holds at once, where it has them
+MEMORY_KNOBS = ("batch_size", "anchors", "gen_batch", "max_tokens", "max_prompt_tokens", "seq_len")
+
+
 def main(argv=None, parser=None) -> int:
     """Parse argv with `parser` (default: every command's) and run the chosen command."""
+    args = None
     try:
         args = (parser or build_parser()).parse_args(argv)
         return args.func(args) or 0
     except DFlashError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and not any(s in str(e) for s in OUT_OF_MEMORY):
+            raise  # a bug: its traceback is what fixes it
+        knobs = [f"--{k.replace('_', '-')}" for k in MEMORY_KNOBS if hasattr(args, k)]
+        smaller = f"lower {', '.join(knobs)}, or use" if knobs else "use"
+        print(f"error: out of memory ({str(e).splitlines()[0] if str(e) else type(e).__name__}): "
+              f"{smaller} a smaller model", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -495,3 +495,23 @@ def test_train_target_dropout_trains_and_saves_the_plain_layers(tmp_path, corpus
     assert names(out) == names(trained[0])
     model, _ = load(str(out))
     assert model(mx.array([[1, 2, 3]])).shape == (1, 3, summary["vocab"])
+
+
+def test_running_out_of_memory_is_one_error_line(tmp_path, capsys, random_dirs, monkeypatch):
+    """MLX's allocation failures (CUDA's wording here) end a run with one line naming the options
+    that set its size; any other RuntimeError is a bug and keeps its traceback."""
+    target, _ = random_dirs["qwen3"]
+
+    def fail(message):
+        def train(args, log):
+            raise RuntimeError(message)
+        return train
+
+    monkeypatch.setattr(train_draft, "train", fail("cudaMallocAsync(&data, size, stream) failed: out of memory"))
+    assert main(["train-draft", "--target", str(target), "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: out of memory (cudaMallocAsync"), err
+    assert "--batch-size" in err[0] and "--anchors" in err[0] and "--gen-batch" in err[0]
+    monkeypatch.setattr(train_draft, "train", fail("some other failure"))
+    with pytest.raises(RuntimeError, match="some other failure"):
+        main(["train-draft", "--target", str(target), "--out", str(tmp_path / "d")])
