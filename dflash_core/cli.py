@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 # how MLX says an allocation failed: the CPU allocator, CUDA, Metal
 OUT_OF_MEMORY = ("Unable to allocate", "out of memory", "Insufficient Memory", "OutOfMemory")
 # the options that set how much a command holds at once, where it has them
-MEMORY_KNOBS = ("batch_size", "anchors", "gen_batch", "max_tokens", "max_prompt_tokens", "seq_len")
+MEMORY_KNOBS = ("batch_size", "anchors", "gen_batch", "max_tokens", "max_prompt_tokens", "response_tokens", "seq_len")
 
 
 def main(argv=None, parser=None) -> int:
