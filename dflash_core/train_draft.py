@@ -108,7 +108,7 @@ def regenerate(model, tokenizer, prompts: list, max_new: int, batch: int, log=pr
     while s < len(order):
         idx = order[s : s + batch]
         try:
-            rows = greedy_batch(model, [prompts[i] for i in idx], max_new, eos)
+            rows = decode_batch(model, [prompts[i] for i in idx], max_new, eos)
         except RuntimeError as e:
             # MLX CUDA 0.32 refused 1,200 qwen3_5 rows at once (a CUDA-graph error) and ran 8: halve and go on
             if batch == 1:
@@ -124,10 +124,11 @@ def regenerate(model, tokenizer, prompts: list, max_new: int, batch: int, log=pr
     return out
 
 
-def greedy_batch(model, prompts: list, max_new: int, eos: list) -> list:
-    """Greedy continuations of the prompts at once, max_new tokens a row, fewer once every row has
-    produced an EOS; a row goes on after its EOS. A bare loop: mlx-lm's batch_generate spends
-    most of its time in per-token bookkeeping (10x slower on an H200)."""
+def decode_batch(model, prompts: list, max_new: int, eos: list, sampler=None) -> list:
+    """Continuations of the prompts at once, greedy (or drawn by an mlx-lm `sampler` from each
+    row's log-probabilities), max_new tokens a row, fewer once every row has produced an EOS; a
+    row goes on after its EOS. A bare loop: mlx-lm's batch_generate spends most of its time in
+    per-token bookkeeping (10x slower on an H200)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     # The caches as mlx-lm's BatchGenerator makes them, so every layer kind it batches works (attention,
@@ -150,7 +151,11 @@ def greedy_batch(model, prompts: list, max_new: int, eos: list) -> list:
     done = mx.zeros(len(prompts), dtype=mx.bool_)
     outs = []
     for step in range(max_new):
-        tok = mx.argmax(model(tok[:, None], cache=cache)[:, -1], axis=-1)
+        logits = model(tok[:, None], cache=cache)[:, -1]
+        if sampler is None:
+            tok = mx.argmax(logits, axis=-1)
+        else:
+            tok = sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
         done = done | (tok[:, None] == eos_ids).any(axis=1)
         mx.async_eval(tok, done)  # queue this step while the next one is built
         outs.append(tok)
@@ -318,11 +323,26 @@ def add_layers(draft: DraftModel, n: int) -> DraftModel:
     return grown
 
 
+SHARD_BYTES = 12 << 20  # weight files stay small enough to travel back from a GPU machine one by one
+
+
 def save_draft(draft: DraftModel, out: Path, dtype=mx.float16):
-    """Public DFlash format: config.json + model.safetensors (fc, hidden_norm, layers.N.*, norm)."""
+    """Public DFlash format: config.json + model.safetensors (fc, hidden_norm, layers.N.*, norm);
+    a draft over SHARD_BYTES is split into model-0000k-of-0000n.safetensors (the loader reads all)."""
     out.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.astype(dtype) for k, v in tree_flatten(draft.parameters())}
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    shards, size = [{}], 0
+    for k, v in tree_flatten(draft.parameters()):
+        v = v.astype(dtype)
+        if shards[-1] and size + v.nbytes > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += v.nbytes
+    for old in out.glob("model*.safetensors"):
+        old.unlink()
+    for i, shard in enumerate(shards, 1):
+        name = "model.safetensors" if len(shards) == 1 else f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        mx.save_safetensors(str(out / name), shard, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(draft.config.to_dict(), indent=2))
 
 
@@ -342,7 +362,10 @@ def acceptance(target: Target, draft: DraftModel, prompts: list, max_new: int, e
 def load_frozen_target(path: str, dtype=mx.float32):
     from mlx_lm.utils import load
 
+    from mlx_lm.utils import dequantize_model
+
     model, tokenizer = load(path)
+    dequantize_model(model)  # a quantized target (e.g. from a GGUF) trains as the CPU engine runs it
     model.set_dtype(dtype)  # stored in 16 bits; the engine runs float32 on CPU
     model.eval()
     model.freeze()
@@ -353,15 +376,24 @@ def training_data(args, model, tokenizer, log=print) -> tuple:
     """(prompts, responses, eval prompts) as token ids: the target's own greedy continuations,
     read from --data-cache if it holds them (several files: merged), else regenerated (and
     written there)."""
-    texts, eval_texts = prompt_texts(args.data, args.seed, args.num_prompts)
-    eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens:] for t in eval_texts]
     caches = [Path(c) for c in args.data_cache or []]
-    if len(caches) > 1 or (caches and caches[0].is_file()):  # the same target's, from earlier runs
+    reuse = len(caches) > 1 or (caches and caches[0].is_file())  # the same target's, from earlier runs
+    if args.data == "chat":  # a chat target's requests: every one in its chat template
+        from .chat_prompts import HELDOUT, chat_prompts
+
+        texts, eval_texts = ([], json.loads(HELDOUT.read_text())) if reuse else chat_prompts(
+            model, tokenizer, args.num_prompts, args.seed, args.own_prompts, log)
+        chat_fraction = 1.0
+    else:
+        texts, eval_texts = prompt_texts(args.data, args.seed, args.num_prompts)
+        chat_fraction = args.chat_fraction
+    eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens:] for t in eval_texts]
+    if reuse:
         return (*read_data(caches, log), eval_prompts)
     cache = caches[0] if caches else None
     texts = with_renamed_names(texts, args.rename_fraction, random.Random(args.seed + 1))
     rng = random.Random(args.seed)
-    chat = [rng.random() < args.chat_fraction for _ in texts]
+    chat = [rng.random() < chat_fraction for _ in texts]
     prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens:] for t, c in zip(texts, chat)]
     prompts = [list(p) for p in dict.fromkeys(map(tuple, prompts))]  # drawn twice: generated and trained once
     responses = regenerate(model, tokenizer, prompts, args.response_tokens, args.gen_batch, log)
@@ -575,7 +607,11 @@ def train(args, log=print) -> dict:
 def add_arguments(p):
     p.add_argument("--target", required=True, help="mlx-lm target: local directory or Hugging Face hub id")
     p.add_argument("--data", default="stdlib",
-                   help="'stdlib', a directory/file of source text, or a .jsonl of {\"prompt\": ...}")
+                   help="'chat' (a chat target: requests from templates and ones it writes itself; evaluated on "
+                        "assets/prompts/chat_heldout.json), 'stdlib', a directory/file of source text, "
+                        "or a .jsonl of {\"prompt\": ...}")
+    p.add_argument("--own-prompts", type=probability, default=0.5,
+                   help="with --data chat: share of the prompts the target writes itself")
     p.add_argument("--out", required=True, help="draft directory to write")
     p.add_argument("--layers", type=positive_int, default=1, help="draft layers")
     p.add_argument("--intermediate", type=positive_int, help="draft MLP size (default: the target's)")

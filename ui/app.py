@@ -20,7 +20,7 @@ from . import assets, charts, render
 from .models import Catalogue
 from .runner import Comparison, compare
 
-PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "python.json"
+PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "examples.json"
 FRAME_S = 0.08  # at most ~12 page updates a second while streaming
 CHART_EVERY_S = 1.0  # charts refresh per batch of cycles, not per token
 KEEP_EXPORTS = 200  # run files kept for download on a long-running host
@@ -48,7 +48,7 @@ def example_prompts() -> list:
     try:
         return json.loads(PROMPTS.read_text())
     except (OSError, json.JSONDecodeError):
-        return ["def fibonacci(n):\n"]
+        return ["What is the capital of France?"]
 
 
 class Playground:
@@ -87,7 +87,7 @@ class Playground:
         except DFlashError as e:
             return render.error_html(str(e)), gr.skip(), gr.skip(), gr.skip()
         progress(1.0)
-        chat = self.catalogue.kind(key) == "hub"  # hub pairs are chat models; shipped pairs complete code
+        chat = self.catalogue.is_chat(key)
         return (
             info,
             gr.Slider(minimum=2, maximum=B, value=min(int(block_size or B), B), step=1),
@@ -115,7 +115,7 @@ class Playground:
             q.get("prompt", example_prompts()[0]),
             number("max_tokens", min(128, cap), 1, cap),
             number("block_size", B, 2, B),
-            q.get("chat", "0") in ("1", "true", "yes") if "chat" in q else self.catalogue.kind(key) == "hub",
+            q.get("chat", "0") in ("1", "true", "yes") if "chat" in q else self.catalogue.is_chat(key),
             number("min_confidence", default_min_confidence(), 0.0, 1.0, float),
             info,
         )
@@ -359,8 +359,8 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         with gr.Row():
             with gr.Column(scale=3):
                 prompt = gr.Textbox(label="Prompt", lines=7, max_lines=16, elem_id="prompt",
-                                    placeholder="Python code to continue, e.g. def binary_search(items, target):")
-                gr.Examples(example_prompts(), inputs=[prompt], label="Examples (Python, the shipped pair's domain)")
+                                    placeholder="Ask something, e.g. Explain how a rainbow forms.")
+                gr.Examples(example_prompts(), inputs=[prompt], label="Examples")
                 link = gr.Textbox(label="Link to these settings (Copy link fills it)", interactive=False,
                                   elem_id="permalink", max_lines=1, buttons=["copy"])
             with gr.Column(scale=2):
@@ -377,7 +377,7 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                                            info="the target checks only the leading guesses the draft gives at "
                                                 "least this probability (the first always); 0 checks all",
                                            elem_id="min-confidence")
-                chat = gr.Checkbox(False, label="Apply the chat template", elem_id="chat-template")
+                chat = gr.Checkbox(catalogue.is_chat(default), label="Apply the chat template", elem_id="chat-template")
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary", elem_id="run", scale=2)
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)

@@ -9,7 +9,7 @@ import threading
 from collections import OrderedDict
 
 from dflash_core.errors import DFlashError
-from dflash_core.loading import SHIPPED, load_pair
+from dflash_core.loading import CHAT_PAIRS, SHIPPED, load_pair
 from dflash_core.registry import hub_target, known_pairs
 
 
@@ -27,7 +27,7 @@ class Catalogue:
             key = self.key_of(model, draft)
             self.entries[key] = (key, "host", model, draft)
         for name, (target, _) in SHIPPED.items():
-            if target.is_dir():
+            if target.exists():  # SmolLM2's GGUF comes with scripts/install.sh
                 self.entries[name] = (f"{name} (shipped)", "shipped", name, None)
         for model, _ in host_pairs:
             if model in self.entries:
@@ -47,6 +47,11 @@ class Catalogue:
 
     def kind(self, key: str) -> str:
         return self.entries[key][1] if key in self.entries else ""
+
+    def is_chat(self, key: str) -> bool:
+        """Whether the page starts this pair with the chat template on: hub pairs and the shipped
+        chat model are chat models; the stdlib pair completes code."""
+        return self.kind(key) == "hub" or (key in self.entries and self.entries[key][2] in CHAT_PAIRS)
 
     def is_loaded(self, key: str) -> bool:
         return key in self._loaded

@@ -1,4 +1,5 @@
 """benchmark: baseline vs DFlash on the same token ids, warm-up first, medians of repeats."""
+import argparse
 import json
 from pathlib import Path
 
@@ -16,7 +17,8 @@ def add_parser(sub):
     p.add_argument("--max-tokens", type=whole_number, default=256)
     p.add_argument("--repeat", type=positive_int, default=3)
     p.add_argument("--block-size", type=positive_int)
-    p.add_argument("--chat-template", action="store_true", help="wrap prompts in the chat template")
+    p.add_argument("--chat-template", action=argparse.BooleanOptionalAction,
+                   help="wrap prompts in the chat template (default: on for chat models, off for the stdlib pair)")
     add_min_confidence_arg(p)
     p.add_argument("--oracle", action="store_true", help="also run an oracle draft (the target's own continuation): the ceiling at full acceptance")
     p.add_argument("--sweep", help="comma-separated block sizes to sweep, e.g. 4,8,12,16")
@@ -51,12 +53,15 @@ def _rounded(value):
 
 
 def run(args) -> int:
-    prompts = load_prompts(args.prompt, args.prompts)
     sweep = _numbers(args.sweep, "--sweep", int, "block sizes") if args.sweep else []
     levels = (_numbers(args.confidence_sweep, "--confidence-sweep", probability, "probabilities between 0 and 1")
               if args.confidence_sweep else [])
+    if args.prompts is not None:  # a missing file is reported before the model loads
+        load_prompts(prompts_file=args.prompts)
     pair = load(args)
-    res = run_benchmark(pair, prompts, args.max_tokens, args.repeat, args.block_size, args.chat_template,
+    chat = pair.chat_default if args.chat_template is None else args.chat_template
+    prompts = load_prompts(args.prompt, args.prompts, chat)
+    res = run_benchmark(pair, prompts, args.max_tokens, args.repeat, args.block_size, chat,
                         args.oracle, sweep, log=log, min_confidence=args.min_confidence,
                         confidence_sweep=levels)
     if args.save:
