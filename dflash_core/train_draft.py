@@ -360,11 +360,12 @@ def acceptance(target: Target, draft: DraftModel, prompts: list, max_new: int, e
 
 
 def load_frozen_target(path: str, dtype=mx.float32):
-    from mlx_lm.utils import load
+    """(model, tokenizer), frozen, in `dtype`: a local directory, hub id or GGUF file."""
+    from mlx_lm.utils import dequantize_model, load
 
-    from mlx_lm.utils import dequantize_model
+    from .loading import resolve
 
-    model, tokenizer = load(path)
+    model, tokenizer = load(str(resolve(str(path), "target")))
     dequantize_model(model)  # a quantized target (e.g. from a GGUF) trains as the CPU engine runs it
     model.set_dtype(dtype)  # stored in 16 bits; the engine runs float32 on CPU
     model.eval()

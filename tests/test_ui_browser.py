@@ -38,14 +38,16 @@ def test_prompt_run_shows_colored_cycles_verdict_and_charts(served, page):
     # the inspector shows a cycle and the race replays on one clock
     expect(page.locator("#inspector")).to_contain_text("cumulative product")
     expect(page.locator("#race .lane-count").first).to_contain_text("tokens", timeout=30_000)
-    # by default a few rejected drafts per cycle, the rest counted; the toggle shows them all
-    rejected = page.locator("#dflash-tokens .tok-rejected").count()
+    # by default a few uncommitted drafts per cycle (rejected, or unverified under the verify
+    # threshold), the rest counted; the toggle shows them all
+    uncommitted = page.locator("#dflash-tokens .tok-rejected, #dflash-tokens .tok-unverified")
+    shown = uncommitted.count()
     assert page.locator("#dflash-tokens .tok-more").count() > 0
     page.locator("#all-rejected input").check()
     expect(page.locator("#dflash-tokens .tok-more")).to_have_count(0)
-    assert page.locator("#dflash-tokens .tok-rejected").count() > rejected
+    assert uncommitted.count() > shown
     page.locator("#all-rejected input").uncheck()
-    expect(page.locator("#dflash-tokens .tok-rejected")).to_have_count(rejected)
+    expect(uncommitted).to_have_count(shown)
     dark = page.evaluate("document.body.classList.contains('dark')")
     page.locator("#theme-toggle").click()
     assert page.evaluate("document.body.classList.contains('dark')") != dark
@@ -57,7 +59,7 @@ def test_prompt_run_shows_colored_cycles_verdict_and_charts(served, page):
 
 def test_query_parameters_prefill_the_form(served, page):
     text = "class Queue:\n    <b>'quoted'</b>"
-    page.goto(f"{served[0]}?prompt={quote(text)}&max_tokens=17&block_size=5&min_confidence=0.35")
+    page.goto(f"{served[0]}?prompt={quote(text)}&max_tokens=17&block_size=5&chat=0&min_confidence=0.35")
     expect(page.locator("#prompt textarea")).to_have_value(text, timeout=30_000)
     expect(page.locator("#max-tokens input[type=number]")).to_have_value("17")
     expect(page.locator("#block-size input[type=number]")).to_have_value("5")

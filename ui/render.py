@@ -103,7 +103,7 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
             out.append(_token_span(draft_text(tok), f"tok-{kind}", tip, inline=True))
         if len(shown) < len(rejected):
             more = len(rejected) - len(shown)
-            out.append(f'<span class="tok-more" title="{more} more rejected draft tokens in cycle {ev.cycle}">+{more}</span>')
+            out.append(f'<span class="tok-more" title="{more} more draft tokens of cycle {ev.cycle} not committed (rejected or unverified)">+{more}</span>')
     cls = "cycle cycle-bonus" if ev.is_bonus else "cycle"
     return f'<span class="{cls}" data-cycle="{ev.cycle}">{"".join(out)}</span>'
 
