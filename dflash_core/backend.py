@@ -27,14 +27,14 @@ _PER_ENGINE_THREADS = (_OPENBLAS is not None and not _USER_THREADS
                        and hasattr(_OPENBLAS, "openblas_set_num_threads"))
 
 
-def blas_threads_for(engine: str):
-    """Each engine at its best BLAS thread count on a CPU (measured on 2 cores, 2026-11-30):
-    plain decoding (mlx-lm's loop builds the next step's graph while MLX computes this one) runs
-    best on 1 BLAS thread, 270 vs 235 tok/s with 2; DFlash's verify is a 16-row matrix product
-    that it waits for, best on all cores, 272 vs 223 tok/s with 1. A user's OPENBLAS_NUM_THREADS
-    is left alone."""
-    if _PER_ENGINE_THREADS:
-        _OPENBLAS.openblas_set_num_threads(1 if engine == "baseline" else os.cpu_count() or 1)
+def thread_choices() -> list:
+    """The BLAS thread counts an engine may run on (one, all cores), when this process can set
+    them: the system OpenBLAS is loaded and the user did not fix OPENBLAS_NUM_THREADS."""
+    return sorted({1, os.cpu_count() or 1}) if _PER_ENGINE_THREADS else []
+
+
+def set_blas_threads(n: int):
+    _OPENBLAS.openblas_set_num_threads(n)
 
 
 def default_min_confidence() -> float:
@@ -86,7 +86,7 @@ def describe() -> dict:
         "mlx_lm": mlx_lm.__version__,
         "device": str(mx.default_device()),
         "blas": BLAS if on_cpu() else "n/a (GPU backend)",
-        "blas_threads": "1 (baseline) / all cores (DFlash)" if _PER_ENGINE_THREADS
+        "blas_threads": "measured per model and engine (1 or all cores)" if _PER_ENGINE_THREADS
         else os.environ.get("OPENBLAS_NUM_THREADS", "n/a"),
         "dtype": str(compute_dtype() or "the weights' own"),
         "metal": mx.metal.is_available(),

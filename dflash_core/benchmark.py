@@ -72,6 +72,7 @@ def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, b
             "min_confidence": min_confidence, "prompts": prompts, "chat_template": chat_template,
             "oracle": oracle, "sweep": list(sweep), "confidence_sweep": list(confidence_sweep),
             "machine": {"platform": platform.platform(), "processor": platform.processor(), **backend.describe()},
+            "blas_threads": dict(pair.blas_threads),  # as measured for this model (empty off the CPU)
         },
         "runs": runs,
         "summary": summarize(runs, block_size, min_confidence),

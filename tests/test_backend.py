@@ -1,5 +1,6 @@
 """Backend choices made before MLX starts: the compute dtype override and the CUDA attention path."""
 import os
+import time
 import subprocess
 import sys
 
@@ -43,15 +44,42 @@ def test_bad_dtype_is_one_error_line(random_dirs):
 
 @pytest.mark.skipif(not backend._PER_ENGINE_THREADS,
                     reason="needs the system OpenBLAS and no OPENBLAS_NUM_THREADS of the user's")
-def test_each_engine_runs_on_its_own_blas_thread_count(random_pairs):
-    """Plain decoding on 1 BLAS thread, DFlash on all cores, set when each run starts."""
-    pair = random_pairs["qwen3"]
+def test_each_engine_runs_on_the_blas_thread_count_measured_fastest(random_pairs, monkeypatch):
+    """Each engine's BLAS thread count is measured once per pair (one vs all cores, the faster
+    for this model) and set when each run starts."""
+    from dataclasses import replace
+
+    pair = replace(random_pairs["qwen3"], blas_threads={})
     ids = pair.encode("def f(x):")
     threads = backend._OPENBLAS.openblas_get_num_threads
     events = pair.dflash(ids, 8)
-    backend._OPENBLAS.openblas_set_num_threads(1)
+    backend._OPENBLAS.openblas_set_num_threads(7)
     next(events)  # the setting follows the run, not the call that created it
-    assert threads() == (os.cpu_count() or 1)
+    assert pair.blas_threads["dflash"] in backend.thread_choices()
+    assert threads() == pair.blas_threads["dflash"]
     list(events)
     list(pair.baseline(ids, 8))
-    assert threads() == 1
+    assert threads() == pair.blas_threads["baseline"] in backend.thread_choices()
+    monkeypatch.setattr(type(pair), "_fastest_threads", lambda *a: pytest.fail("measured twice"))
+    backend._OPENBLAS.openblas_set_num_threads(7)
+    *_, run = pair.dflash(ids, 8)
+    assert threads() == pair.blas_threads["dflash"] and run.tokens
+
+
+def test_the_faster_thread_count_is_chosen(random_pairs, monkeypatch):
+    """The choice follows the measurement, whichever count it favours."""
+    from dataclasses import replace
+
+    from dflash_core import loading
+
+    real = loading.dflash_generate
+    for fast in backend.thread_choices():
+        def slowed_unless_fast(*args, **kwargs):
+            if backend._OPENBLAS.openblas_get_num_threads() != fast:
+                time.sleep(0.05)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(loading, "dflash_generate", slowed_unless_fast)
+        pair = replace(random_pairs["qwen3"], blas_threads={})
+        list(pair.dflash(pair.encode("x"), 4))
+        assert pair.blas_threads["dflash"] == fast
