@@ -219,6 +219,10 @@ class Pair:
     def decode(self, ids: list) -> str:
         return self.tokenizer.decode(ids)
 
+    def text(self, ids: list) -> str:
+        """What generated tokens read as: without the EOS token that ended the reply."""
+        return self.tokenizer.decode([t for t in ids if t not in self.eos_ids])
+
     def dflash(self, prompt_ids, max_tokens, block_size=None, should_stop=lambda: False, draft_fn=None,
                min_confidence=None):
         """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread.

@@ -282,9 +282,8 @@ class Job:
     def _tokens_for(self, tokens: list, cut: int, lo: int) -> int:
         """The fewest generated tokens (more than lo) whose text reaches past `cut`, where a stop
         string begins: what the client was given, for `usage`."""
-        eos = self.server.pair.eos_ids
         for n in range(lo + 1, len(tokens)):
-            if len(self.server.pair.decode([t for t in tokens[:n] if t not in eos])) > cut:
+            if len(self.server.pair.text(tokens[:n])) > cut:
                 return n
         return len(tokens)
 

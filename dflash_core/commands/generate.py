@@ -25,10 +25,10 @@ def run(args) -> int:
     summary = None
     for ev in pair.dflash(ids, args.max_tokens, args.block_size, min_confidence=args.min_confidence):
         if isinstance(ev, CycleEvent) and not args.json:
-            print(pair.decode(ev.committed), end="", flush=True)
+            print(pair.text(ev.committed), end="", flush=True)
         elif isinstance(ev, RunSummary):
             summary = ev
-    out = {"tokens": summary.tokens, "text": pair.decode(summary.tokens), "stats": summary.stats()}
+    out = {"tokens": summary.tokens, "text": pair.text(summary.tokens), "stats": summary.stats()}
     if args.compare_baseline:
         base = list(pair.baseline(ids, args.max_tokens))[-1]
         div = pair.divergence(ids, summary.tokens, base.tokens)
