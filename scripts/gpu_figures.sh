@@ -26,8 +26,8 @@ piece h200-qwen3-4b-shape-bf16 150 "${Q4B[@]}"
 piece h200-qwen3-4b-shape-bf16-b8 90 "${Q4B[@]}" --block-size 8
 # 2. float32 compute: batched verify and one-token decoding round far closer than in 16 bits, so
 #    outputs are identical but for a rare near-tie of the top two logits.
-#    The default pair (smollm2-135m) on its default prompts (chat requests in the chat template).
-DFLASH_DTYPE=float32 piece h200-smollm2-f32 240 --oracle
+#    The default pair (smollm2-135m) on all 40 held-out chat requests, in the chat template.
+DFLASH_DTYPE=float32 piece h200-smollm2-f32 240 --prompts assets/prompts/chat_heldout.json --oracle --repeat 1
 DFLASH_DTYPE=float32 piece h200-qwen3-4b-shape-f32 130 "${Q4B[@]}"
 # 3. lossless on every engine family: random qwen3 / qwen3_5 / llama pairs, block sizes 16 and 5
 for fam in qwen3 qwen3_5 llama; do
