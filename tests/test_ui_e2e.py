@@ -154,9 +154,11 @@ def test_stop_ends_within_a_cycle_and_keeps_the_text(served):
 
 def test_stop_button_keeps_what_was_generated(served, client):
     job = client.submit(PROMPT, served[1], 256, 2, False, 0.0, api_name="/run")
-    while not any("tok-target" in str(o) for o in job.outputs()):  # DFlash has started
+    while not any("running DFlash alone" in str(o) for o in job.outputs()):  # DFlash has started
         assert not job.done(), "the run ended before Stop could be pressed"
         time.sleep(0.02)
+    time.sleep(1.0)  # a few cycles (of the 128 that 256 tokens at block 2 take at least)
+    assert not job.done(), "the run ended before Stop could be pressed"
     client.predict(api_name="/stop")  # the same client: the same browser session
     out = dict(zip(OUTPUTS, job.result()))
     assert "stopped" in out["status"] and "cancelled" in out["d_stats"]

@@ -21,8 +21,11 @@ from .models import Catalogue
 from .runner import Comparison, compare
 
 PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "examples.json"
-FRAME_S = 0.08  # at most ~12 page updates a second while streaming
-CHART_EVERY_S = 1.0  # charts refresh per batch of cycles, not per token
+# While an engine is being timed the page shows its text as it comes, lightly: the handler runs in
+# the same process as the engine (and the browser on the same cores), so every rebuilt view is
+# time taken from the run it measures. The colored cycles, charts and inspector are drawn once the
+# engines have finished.
+FRAME_S = 0.25  # at most 4 page updates a second while an engine runs
 KEEP_EXPORTS = 200  # run files kept for download on a long-running host
 MAX_REJECTED_SHOWN = 4  # rejected drafts shown per cycle in the colored pane (the rest as "+N")
 
@@ -154,7 +157,7 @@ class Playground:
                          min_confidence=float(min_confidence))
         view = RunView(pair)
         yield {**view.reset(ui), ui["status"]: render.info_html(f"prompt: {len(ids)} tokens · running the baseline …")}
-        last_frame = last_chart = 0.0
+        last_frame = 0.0
         try:
             for run in compare(self.worker, pair, run, user_stop):
                 now = time.perf_counter()
@@ -162,11 +165,7 @@ class Playground:
                 if not stage_changed and run.stage in ("baseline", "dflash") and now - last_frame < FRAME_S:
                     continue
                 last_frame = now
-                update = view.frame(ui, run)
-                if run.stage == "dflash" and now - last_chart > CHART_EVERY_S:
-                    update.update(view.charts(ui, run))
-                    last_chart = now
-                yield update
+                yield view.frame(ui, run)
         except DFlashError as e:
             yield {ui["status"]: render.error_html(str(e))}
             return
@@ -280,19 +279,13 @@ class RunView:
             ui["b_stats"]: b_stats,
             ui["b_out"]: render.plain_text_html("".join(self.b_text), running=run.stage == "baseline"),
             ui["d_stats"]: d_stats,
-            ui["d_out"]: render.dflash_tokens_html(run.cycles, self.d_pieces, self.token_text,
-                                                   MAX_REJECTED_SHOWN,
-                                                   running=run.stage == "dflash"),
+            # plain text while DFlash is timed; colored by cycle once it has finished
+            ui["d_out"]: render.plain_text_html("".join(self.d_pieces), running=True) if run.stage == "dflash"
+            else render.dflash_tokens_html(run.cycles, self.d_pieces, self.token_text, MAX_REJECTED_SHOWN),
         }
 
     def charts(self, ui, run: Comparison) -> dict:
-        b_prefill = run.baseline_summary.prefill_s if run.baseline_summary else 0.0
-        if run.dflash_summary is None and run.cycles:  # still streaming: estimate the prefill
-            d_summary = None
-            figs = charts.all_charts(run.baseline, run.baseline_summary, run.cycles, d_summary)
-            figs[0] = charts.tokens_vs_time_chart(run.baseline, run.cycles, b_prefill, run.live_prefill(run.cycles[0].t))
-        else:
-            figs = charts.all_charts(run.baseline, run.baseline_summary, run.cycles, run.dflash_summary)
+        figs = charts.all_charts(run.baseline, run.baseline_summary, run.cycles, run.dflash_summary)
         return dict(zip(ui["plots"], figs))
 
     def finish(self, ui, run: Comparison, export_path: Path) -> dict:

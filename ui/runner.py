@@ -26,7 +26,6 @@ class Comparison:
     verdict: str = "pending"  # identical | diverged | partial | pending
     divergence: Divergence = None
     stage_started: float = 0.0  # perf_counter when the current engine's request started
-    first_event_at: float = 0.0  # perf_counter when its first event arrived
 
     @property
     def stopped(self) -> bool:
@@ -37,10 +36,6 @@ class Comparison:
 
     def baseline_tokens(self) -> list:
         return [e.token for e in self.baseline]
-
-    def live_prefill(self, first_t: float) -> float:
-        """Prefill estimate while streaming: the first event's arrival minus its decode time."""
-        return max(self.first_event_at - self.stage_started - first_t, 0.0)
 
     def to_json(self) -> dict:
         return {
@@ -79,7 +74,6 @@ def _run_stage(worker, run: Comparison, stage: str, make_iter, user_stop: thread
         if isinstance(ev, RunSummary):
             setattr(run, f"{stage}_summary", ev)
         else:
-            run.first_event_at = run.first_event_at if events else time.perf_counter()
             events.append(ev)
         yield run
 

@@ -1,0 +1,96 @@
+"""The playground's figures against the headless engine's, side by side in one run.
+
+Each repeat runs the prompt through the launched playground's own run handler (as gradio_client,
+or a browser, calls it; its figures are what the page shows, read from the run's export) and
+straight through the engine on the same worker and the same loaded pair (as `benchmark` and
+`generate` run it), in alternating order. Prints both and the page's share of the headless figures.
+  python scripts/page_vs_headless.py [--model NAME] [--prompt P] [--max-tokens N] [--repeat R]
+"""
+import argparse
+import json
+import socket
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
+from gradio_client import Client  # noqa: E402
+
+from dflash_core.loading import DEFAULT_PAIR, load_pair  # noqa: E402
+from dflash_core.worker import default_worker  # noqa: E402
+from ui import build_app  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def headless(worker, pair, ids, max_tokens, min_confidence) -> dict:
+    base = worker.call(lambda: list(pair.baseline(ids, max_tokens))[-1])
+    dflash = worker.call(lambda: list(pair.dflash(ids, max_tokens, min_confidence=min_confidence))[-1])
+    assert base.tokens == dflash.tokens, "DFlash and plain greedy differ"
+    return {"baseline": base.decode_tps, "dflash": dflash.decode_tps}
+
+
+def through_page(client, key, prompt, max_tokens, chat, min_confidence) -> dict:
+    out = client.predict(prompt, key, max_tokens, 16, chat, min_confidence, api_name="/run")
+    export = out[15]["value"] if isinstance(out[15], dict) else out[15]
+    run = json.loads(Path(export).read_text())
+    assert run["lossless"]["verdict"] == "identical", run["lossless"]
+    return {engine: run[engine]["summary"]["decode_tps"] for engine in ("baseline", "dflash")}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=DEFAULT_PAIR)
+    p.add_argument("--prompt", default="Write a Python function that returns the sum of the squares of a list of numbers.")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--min-confidence", type=float, default=0.2)
+    p.add_argument("--save", help="write the figures as JSON here")
+    a = p.parse_args()
+
+    worker = default_worker()
+    pair = worker.call(load_pair, a.model)
+    demo, kwargs = build_app(a.model, pair=pair)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **kwargs)
+    client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+    ids = worker.call(pair.encode, a.prompt, a.chat)
+    headless(worker, pair, ids, 8, a.min_confidence)  # warm-up (and each engine's thread probe)
+
+    rows = []
+    for r in range(a.repeat):
+        order = ["page", "headless"] if r % 2 == 0 else ["headless", "page"]
+        row = {}
+        for where in order:
+            row[where] = (through_page(client, a.model, a.prompt, a.max_tokens, a.chat, a.min_confidence)
+                          if where == "page" else headless(worker, pair, ids, a.max_tokens, a.min_confidence))
+        rows.append(row)
+        print(f"repeat {r + 1}: page baseline {row['page']['baseline']:.1f} / DFlash {row['page']['dflash']:.1f} tok/s, "
+              f"headless {row['headless']['baseline']:.1f} / {row['headless']['dflash']:.1f}", file=sys.stderr)
+    demo.close()
+
+    def median(where, key):
+        if key == "speedup":
+            return statistics.median(r[where]["dflash"] / r[where]["baseline"] for r in rows)
+        return statistics.median(r[where][key] for r in rows)
+
+    summary = {where: {k: round(median(where, k), 3) for k in ("baseline", "dflash", "speedup")}
+               for where in ("page", "headless")}
+    summary["page_share"] = {k: round(summary["page"][k] / summary["headless"][k], 3) for k in ("baseline", "dflash", "speedup")}
+    result = {"model": a.model, "prompt": a.prompt, "max_tokens": a.max_tokens, "chat": a.chat,
+              "min_confidence": a.min_confidence, "repeats": rows, "median": summary}
+    if a.save:
+        Path(a.save).write_text(json.dumps(result, indent=1))
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
