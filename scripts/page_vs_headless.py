@@ -1,10 +1,11 @@
 """The playground's figures against the headless engine's, side by side in one run.
 
-Each repeat runs the prompt through the launched playground's own run handler (as gradio_client,
-or a browser, calls it; its figures are what the page shows, read from the run's export) and
-straight through the engine on the same worker and the same loaded pair (as `benchmark` and
-`generate` run it), in alternating order. Prints both and the page's share of the headless figures.
-  python scripts/page_vs_headless.py [--model NAME] [--prompt P] [--max-tokens N] [--repeat R]
+Each repeat runs the prompt through the launched playground's own run handler (as gradio_client
+calls it; its figures are what the page shows, read from the run's export; with --browser, in
+headless Chromium on the same machine, read off the page) and straight through the engine on the
+same worker and the same loaded pair (as `benchmark` and `generate` run it), in alternating
+order. Prints both and the page's share of the headless figures.
+  python scripts/page_vs_headless.py [--model NAME] [--prompt P] [--max-tokens N] [--repeat R] [--browser]
 """
 import argparse
 import json
@@ -12,6 +13,7 @@ import socket
 import statistics
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -45,6 +47,21 @@ def through_page(client, key, prompt, max_tokens, chat, min_confidence) -> dict:
     return {engine: run[engine]["summary"]["decode_tps"] for engine in ("baseline", "dflash")}
 
 
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def through_browser(page, url, prompt, max_tokens, chat, min_confidence) -> dict:
+    from playwright.sync_api import expect
+
+    page.goto(f"{url}?prompt={quote(prompt)}&max_tokens={max_tokens}&chat={int(chat)}&min_confidence={min_confidence}")
+    expect(page.locator("#prompt textarea")).to_have_value(prompt, timeout=60_000)
+    page.locator("#run").click()
+    expect(page.locator("#lossless")).to_contain_text("identical", timeout=600_000)
+    tps = lambda pane: float(page.locator(f"#{pane}-stats .stat .v").first.inner_text())
+    return {"baseline": tps("baseline"), "dflash": tps("dflash")}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=DEFAULT_PAIR)
@@ -53,6 +70,7 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--min-confidence", type=float, default=0.2)
+    p.add_argument("--browser", action="store_true", help="drive the page in headless Chromium instead of gradio_client")
     p.add_argument("--save", help="write the figures as JSON here")
     a = p.parse_args()
 
@@ -61,7 +79,17 @@ def main():
     demo, kwargs = build_app(a.model, pair=pair)
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **kwargs)
-    client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+    url = f"http://127.0.0.1:{port}/"
+    if a.browser:
+        from playwright.sync_api import sync_playwright
+
+        playwright = sync_playwright().start()
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1360, "height": 900})
+        on_page = lambda: through_browser(page, url, a.prompt, a.max_tokens, a.chat, a.min_confidence)
+    else:
+        client = Client(url, verbose=False)
+        on_page = lambda: through_page(client, a.model, a.prompt, a.max_tokens, a.chat, a.min_confidence)
     ids = worker.call(pair.encode, a.prompt, a.chat)
     headless(worker, pair, ids, 8, a.min_confidence)  # warm-up (and each engine's thread probe)
 
@@ -70,11 +98,13 @@ def main():
         order = ["page", "headless"] if r % 2 == 0 else ["headless", "page"]
         row = {}
         for where in order:
-            row[where] = (through_page(client, a.model, a.prompt, a.max_tokens, a.chat, a.min_confidence)
-                          if where == "page" else headless(worker, pair, ids, a.max_tokens, a.min_confidence))
+            row[where] = on_page() if where == "page" else headless(worker, pair, ids, a.max_tokens, a.min_confidence)
         rows.append(row)
         print(f"repeat {r + 1}: page baseline {row['page']['baseline']:.1f} / DFlash {row['page']['dflash']:.1f} tok/s, "
               f"headless {row['headless']['baseline']:.1f} / {row['headless']['dflash']:.1f}", file=sys.stderr)
+    if a.browser:
+        browser.close()
+        playwright.stop()
     demo.close()
 
     def median(where, key):
@@ -85,7 +115,7 @@ def main():
     summary = {where: {k: round(median(where, k), 3) for k in ("baseline", "dflash", "speedup")}
                for where in ("page", "headless")}
     summary["page_share"] = {k: round(summary["page"][k] / summary["headless"][k], 3) for k in ("baseline", "dflash", "speedup")}
-    result = {"model": a.model, "prompt": a.prompt, "max_tokens": a.max_tokens, "chat": a.chat,
+    result = {"model": a.model, "prompt": a.prompt, "max_tokens": a.max_tokens, "chat": a.chat, "browser": a.browser,
               "min_confidence": a.min_confidence, "repeats": rows, "median": summary}
     if a.save:
         Path(a.save).write_text(json.dumps(result, indent=1))
