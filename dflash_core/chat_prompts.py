@@ -43,6 +43,7 @@ def own_prompts(model, tokenizer, n: int, seed: int, batch: int = 512, max_token
 
     from .train_draft import decode_batch
 
+    batch = min(batch, 2 * n)  # a few asked for: a few sampled
     prefix = tokenizer.encode(user_turn_prefix(tokenizer), add_special_tokens=False)
     eos = list(tokenizer.eos_token_ids)
     sampler = make_sampler(temp=1.0, top_p=0.95)
@@ -71,5 +72,6 @@ def chat_prompts(model, tokenizer, n: int, seed: int, own_fraction: float, log=p
     log(f"chat prompts: {len(own)} the target's own, {len(filled)} from templates")
     prompts = own + filled
     rng.shuffle(prompts)
-    heldout = set(json.loads(HELDOUT.read_text()))
-    return [p for p in prompts if p not in heldout], json.loads(HELDOUT.read_text())
+    heldout = json.loads(HELDOUT.read_text())
+    seen_in_eval = set(heldout)
+    return [p for p in prompts if p not in seen_in_eval], heldout

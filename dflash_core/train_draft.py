@@ -1,4 +1,4 @@
-"""Train a DFlash draft for any mlx-lm target (the published recipe; see ../shared notes).
+"""Train a DFlash draft for any mlx-lm target (the published recipe: the DFlash paper, Chen, Liang, Liu 2026).
 
 - The target is frozen. Its own greedy continuations of the prompts are the training text, so the
   draft learns the target's distribution, not the corpus's.
