@@ -18,6 +18,10 @@ HELDOUT = PROMPTS / "chat_heldout.json"  # hand-written, never trained on: every
 _SENTINEL = "\x00USER\x00"
 
 
+def heldout_requests() -> list:
+    return json.loads(HELDOUT.read_text())
+
+
 def template_prompts(n: int, rng: random.Random) -> list:
     """Up to n distinct requests: a kind drawn uniformly, then one of its templates and topics."""
     kinds = list(json.loads(MIX.read_text())["kinds"].values())
@@ -72,6 +76,6 @@ def chat_prompts(model, tokenizer, n: int, seed: int, own_fraction: float, log=p
     log(f"chat prompts: {len(own)} the target's own, {len(filled)} from templates")
     prompts = own + filled
     rng.shuffle(prompts)
-    heldout = json.loads(HELDOUT.read_text())
+    heldout = heldout_requests()
     seen_in_eval = set(heldout)
     return [p for p in prompts if p not in seen_in_eval], heldout

@@ -380,9 +380,9 @@ def training_data(args, model, tokenizer, log=print) -> tuple:
     caches = [Path(c) for c in args.data_cache or []]
     reuse = len(caches) > 1 or (caches and caches[0].is_file())  # the same target's, from earlier runs
     if args.data == "chat":  # a chat target's requests: every one in its chat template
-        from .chat_prompts import HELDOUT, chat_prompts
+        from .chat_prompts import chat_prompts, heldout_requests
 
-        texts, eval_texts = ([], json.loads(HELDOUT.read_text())) if reuse else chat_prompts(
+        texts, eval_texts = ([], heldout_requests()) if reuse else chat_prompts(
             model, tokenizer, args.num_prompts, args.seed, args.own_prompts, log)
         chat_fraction = 1.0
     else:

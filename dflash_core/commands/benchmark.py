@@ -56,11 +56,11 @@ def run(args) -> int:
     sweep = _numbers(args.sweep, "--sweep", int, "block sizes") if args.sweep else []
     levels = (_numbers(args.confidence_sweep, "--confidence-sweep", probability, "probabilities between 0 and 1")
               if args.confidence_sweep else [])
-    if args.prompts is not None:  # a missing file is reported before the model loads
-        load_prompts(prompts_file=args.prompts)
+    given = args.prompt is not None or args.prompts is not None
+    prompts = load_prompts(args.prompt, args.prompts) if given else None  # a bad file is reported before the model loads
     pair = load(args)
     chat = pair.chat_default if args.chat_template is None else args.chat_template
-    prompts = load_prompts(args.prompt, args.prompts, chat)
+    prompts = prompts or load_prompts(chat=chat)  # the default prompts depend on the pair
     res = run_benchmark(pair, prompts, args.max_tokens, args.repeat, args.block_size, chat,
                         args.oracle, sweep, log=log, min_confidence=args.min_confidence,
                         confidence_sweep=levels)
