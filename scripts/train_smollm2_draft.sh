@@ -4,14 +4,15 @@
 # the hand-written held-out requests (assets/prompts/chat_heldout.json), never trained on.
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh data SEED N   # the target's replies to N requests
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage1 MINUTES
+#   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage2 MINUTES   # resumes the shipped draft
 set -euo pipefail
 GGUF=${GGUF:-assets/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf}
 WORK=${WORK:-runs/smollm2}
 PY=${PYTHON:-python3}
 td() { $PY -m dflash_core.commands.train_draft --target "$GGUF" "$@"; }
 
-data() {  # seed, number of requests: 80% the target writes itself, the rest from templates
-  td --data chat --num-prompts "$2" --own-prompts 0.8 --seed "$1" --data-only --out "$WORK/unused" \
+data() {  # seed, number of requests [, share the target writes itself; the rest from templates]
+  td --data chat --num-prompts "$2" --own-prompts "${3:-0.8}" --seed "$1" --data-only --out "$WORK/unused" \
     --data-cache "$WORK/data/chat-s$1.json" --gen-batch 1024 --response-tokens 256
 }
 
@@ -19,6 +20,12 @@ stage1() {  # minutes: a fresh 4-layer draft over five taps
   td --data chat --data-cache "$WORK"/data/chat-s*.json --out "$WORK/draft" --layers 4 --intermediate 1024 \
     --target-layers 1 8 14 20 27 --mask-token "<empty_output>" --compute-dtype bfloat16 --batch-size 32 \
     --anchors 64 --minutes "$1" --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 0
+}
+
+stage2() {  # minutes: the shipped draft plus one layer (starting as the identity), on every data seed
+  td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft --add-layers 1 \
+    --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" --eval-every 1500 \
+    --eval-prompts 8 --val-sequences 512 --seed 1
 }
 
 "$@"
