@@ -35,3 +35,22 @@ def probability(text: str) -> float:
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1: give a probability such as 0.4")
     return value
+
+
+def temperature(text: str) -> float:
+    """A sampling temperature: 0 is greedy decoding, above 0 sampling."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number: give a temperature such as 0.7 (0: greedy)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative: give a temperature >= 0 (0: greedy)")
+    return value
+
+
+def top_p(text: str) -> float:
+    """Nucleus sampling's mass, 0 < p <= 1 (1 keeps every token)."""
+    value = probability(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 keeps no token: give a top-p above 0, up to 1 (1 keeps all)")
+    return value

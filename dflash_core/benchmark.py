@@ -1,13 +1,15 @@
 """Baseline vs DFlash, measured one after the other on the same token ids; medians of repeats."""
 import json
+import os
 import platform
 import statistics
 from pathlib import Path
 
 from . import backend
 from .engine import oracle_draft
+from .layout import ASSETS
 
-PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+PROMPTS = ASSETS / "prompts"
 # the default prompts: chat requests (one of each kind of the held-out set) for chat models, code to
 # continue for the stdlib pair
 DEFAULT_PROMPTS = {True: PROMPTS / "chat_bench.json", False: PROMPTS / "python.json"}
@@ -24,7 +26,9 @@ def _last(events):
 
 def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, block_size: int = None,
                   chat_template: bool = False, oracle: bool = False, sweep: list = (), log=print,
-                  min_confidence: float = None, confidence_sweep: list = ()) -> dict:
+                  min_confidence: float = None, confidence_sweep: list = (), sampling=None) -> dict:
+    """With `sampling` (temperature > 0) the baseline is plain sampling and DFlash speculative
+    sampling, each run seeded alike: the outputs share a distribution, not tokens."""
     block_size = pair.block_size if block_size is None else block_size
     if min_confidence is None:
         min_confidence = backend.default_min_confidence()
@@ -36,29 +40,31 @@ def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, b
     # full-length warm-up: one-time costs (GPU kernel JIT, allocator growth) can depend on the
     # cache length, so the warm-up goes as far as the measured runs do
     log("warm-up ...")
-    _last(pair.baseline(encoded[0], max_tokens))
-    _last(pair.dflash(encoded[0], max_tokens, block_size, min_confidence=min_confidence))
+    _last(pair.baseline(encoded[0], max_tokens, sampling=sampling))
+    _last(pair.dflash(encoded[0], max_tokens, block_size, min_confidence=min_confidence, sampling=sampling))
 
     runs = []
     for r in range(repeat):
         for i, ids in enumerate(encoded):
-            base = _last(pair.baseline(ids, max_tokens))
+            base = _last(pair.baseline(ids, max_tokens, sampling=sampling))
             rows = [("baseline", block_size, base)]
             rows.append(("dflash", block_size, _last(pair.dflash(ids, max_tokens, block_size,
-                                                                 min_confidence=min_confidence))))
+                                                                 min_confidence=min_confidence, sampling=sampling))))
             if oracle:
                 draft_fn = oracle_draft(len(ids), base.tokens)
                 rows.append(("oracle", block_size, _last(pair.dflash(ids, max_tokens, block_size, draft_fn=draft_fn))))
             for b in sweep:
                 if b != block_size:
-                    rows.append(("dflash", b, _last(pair.dflash(ids, max_tokens, b, min_confidence=min_confidence))))
+                    rows.append(("dflash", b, _last(pair.dflash(ids, max_tokens, b, min_confidence=min_confidence,
+                                                                sampling=sampling))))
             for c in confidence_sweep:
                 if c != min_confidence:
-                    rows.append(("dflash", block_size, _last(pair.dflash(ids, max_tokens, block_size, min_confidence=c))))
+                    rows.append(("dflash", block_size, _last(pair.dflash(ids, max_tokens, block_size, min_confidence=c,
+                                                                         sampling=sampling))))
             for engine, b, s in rows:
                 runs.append({
                     "repeat": r, "prompt": i, "engine": engine, "block_size": b,
-                    "identical": s.tokens == base.tokens,
+                    "identical": s.tokens == base.tokens if sampling is None else None,
                     "speedup": s.decode_tps / base.decode_tps if base.decode_tps else None,
                     **s.stats(),
                 })
@@ -71,7 +77,10 @@ def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, b
             "model": pair.name, "max_tokens": max_tokens, "repeat": repeat, "block_size": block_size,
             "min_confidence": min_confidence, "prompts": prompts, "chat_template": chat_template,
             "oracle": oracle, "sweep": list(sweep), "confidence_sweep": list(confidence_sweep),
-            "machine": {"platform": platform.platform(), "processor": platform.processor(), **backend.describe()},
+            "temperature": sampling.temperature if sampling else 0.0, "top_p": sampling.top_p if sampling else 1.0,
+            "seed": sampling.seed if sampling else None,
+            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cores": os.cpu_count(),
+                        **{k: v for k, v in backend.describe().items() if k != "hf_cache"}},
             "blas_threads": dict(pair.blas_threads),  # as measured for this model (empty off the CPU)
         },
         "runs": runs,
@@ -97,7 +106,9 @@ def summarize(runs: list, block_size: int, min_confidence: float = 0.0) -> dict:
         "baseline_tps_median": _median([r["decode_tps"] for r in base]),
         **medians(dfl),
         "acceptance_rate_median": _median([r["acceptance_rate"] for r in dfl]),
-        "identical": all(r["identical"] for r in runs if r["engine"] in ("dflash", "oracle")),
+        # sampled runs share the baseline's distribution, not its tokens: no verdict (None)
+        "identical": None if any(r["identical"] is None for r in runs)
+        else all(r["identical"] for r in runs if r["engine"] in ("dflash", "oracle")),
     }
     if dfl:
         cycles = sum(r["cycles"] for r in dfl)
@@ -138,6 +149,24 @@ def mean_tokens_per_cycle(rows: list):
     """Mean acceptance length over every cycle of these runs: committed tokens / cycles."""
     cycles = sum(r["cycles"] for r in rows)
     return sum(r["generated_tokens"] for r in rows) / cycles if cycles else None
+
+
+def recorded_figure(draft_dir) -> dict:
+    """The headless figure recorded beside a draft for this kind of device (the benchmark command's
+    own --save output, as benchmark-cpu.json / benchmark-gpu.json), or None when there is none."""
+    if draft_dir is None:
+        return None
+    path = Path(draft_dir) / f"benchmark-{'cpu' if backend.on_cpu() else 'gpu'}.json"
+    try:
+        saved = json.loads(path.read_text())
+        config, summary = saved["config"], saved["summary"]
+        machine = config["machine"]
+        where = ("an NVIDIA GPU (MLX CUDA)" if machine.get("cuda") else "Apple silicon" if machine.get("metal")
+                 else f"a {machine['cores']}-core CPU" if machine.get("cores") else "a CPU")
+        return {"speedup": summary["speedup_median"], "tokens_per_cycle": summary["tokens_per_cycle_median"],
+                "prompts": len(config["prompts"]), "repeat": config["repeat"], "device": where}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def load_prompts(prompt: str = None, prompts_file: str = None, chat: bool = True) -> list:

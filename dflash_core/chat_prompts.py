@@ -8,11 +8,12 @@ trick). Either way the draft then learns the target's own greedy replies to them
 import json
 import random
 import time
-from pathlib import Path
 
 import mlx.core as mx
 
-PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+from .layout import ASSETS
+
+PROMPTS = ASSETS / "prompts"
 MIX = PROMPTS / "chat_mix.json"
 HELDOUT = PROMPTS / "chat_heldout.json"  # hand-written, never trained on: every stage is measured here
 _SENTINEL = "\x00USER\x00"

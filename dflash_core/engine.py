@@ -7,6 +7,7 @@ from mlx_lm.generate import generate_step
 
 from .draft import DraftContext, DraftModel
 from .events import CycleEvent, Divergence, RunSummary, TokenEvent
+from .sampling import Sampling, point_mass, sample, speculative_accept
 from .target import Target
 
 
@@ -49,16 +50,22 @@ def dflash_generate(
     should_stop: Callable[[], bool] = lambda: False,
     draft_fn: Optional[Callable] = None,
     min_confidence: float = 0.0,
+    sampling: Optional[Sampling] = None,
 ) -> Iterator:
     """Yields one CycleEvent per cycle, then a RunSummary. `draft_fn(ctx_tokens, B)` replaces the
     draft model's proposals (the oracle mode of the benchmark and the tests). With min_confidence
     > 0 the target verifies only the proposals the draft is sure of (see confident_prefix): where
-    each verified row costs time (a CPU), rows that would likely be rejected are not worth it."""
+    each verified row costs time (a CPU), rows that would likely be rejected are not worth it.
+    With `sampling` the draft samples its proposals and acceptance is speculative sampling
+    (sampling.speculative_accept); without, everything is greedy."""
     B, mask_id = block_size, draft.config.mask_token_id
     mx.reset_peak_memory()
+    if sampling:
+        sampling.seed_draws()
     ctx = DraftContext(draft)
     t_start = time.perf_counter()
-    staged = mx.argmax(target.prefill(prompt_ids, on_taps=ctx.extend)).item()
+    first = target.prefill(prompt_ids, on_taps=ctx.extend)
+    staged = sample(sampling.probabilities(first)) if sampling else mx.argmax(first).item()
     t0 = time.perf_counter()
     tokens, per_pos, drafted_total, accepted_total = [], [0] * (B - 1), 0, 0
     stop, cycle = None, 0
@@ -69,7 +76,11 @@ def dflash_generate(
         if draft_fn is None:
             block = target.embed(mx.array([staged] + [mask_id] * (B - 1)))[None]
             logits = target.head(draft(block, ctx.kv, ctx.length)[:, 1:])[0]
-            proposals = mx.argmax(logits, axis=-1)
+            if sampling:
+                q = sampling.probabilities(logits)
+                proposals = mx.random.categorical(mx.log(q))
+            else:
+                proposals = mx.argmax(logits, axis=-1)
             if min_confidence > 0:  # the draft's own probability of each proposal
                 top1 = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
                 mx.eval(proposals, top1)
@@ -77,17 +88,23 @@ def dflash_generate(
             drafted = proposals.tolist()
         else:
             drafted = draft_fn(prompt_ids + tokens + [staged], B)
+            q = None  # a deterministic draft: point masses, made once the vocabulary is known
         t_draft = time.perf_counter()
 
         # verify: one target forward over [staged, d0 .. d(verified-1)]
         logits, taps = target.verify([staged] + drafted[:verified])
-        posterior = mx.argmax(logits, axis=-1).tolist()
+        posterior = mx.argmax(logits, axis=-1).tolist()  # the target's greedy choices
         t_verify = time.perf_counter()
 
-        # accept + commit: staged plus the agreeing prefix; the target's next choice is staged
-        a = accepted_length(drafted[:verified], posterior)
-        committed = [staged] + drafted[:a]
-        staged = posterior[a]
+        # accept + commit: staged plus the accepted prefix; the target's next token is staged
+        committed = [staged]
+        if sampling is None:  # greedy: the prefix that agrees with the target's choices
+            a, draws = accepted_length(drafted[:verified], posterior), None
+            staged = posterior[a]
+        else:  # the next token: a residual resample after a rejection, else drawn from p
+            q = point_mass(drafted, logits.shape[-1]) if q is None else q
+            a, staged, draws = speculative_accept(drafted[:verified], q[:verified], sampling.probabilities(logits))
+        committed += drafted[:a]
 
         # rollback: the target keeps exactly the committed tokens; the draft's context grows
         # by their hidden states only
@@ -119,6 +136,7 @@ def dflash_generate(
             verify_ms=(t_verify - t_draft) * 1e3,
             rollback_ms=(t_rollback - t_verify) * 1e3,
             t=t_rollback - t0,
+            draws=draws,
         )
         cycle += 1
     yield RunSummary(
@@ -135,6 +153,7 @@ def dflash_generate(
         drafted_tokens=drafted_total,
         accepted_tokens=accepted_total,
         accepted_per_position=per_pos,
+        sampling=sampling,
     )
 
 
@@ -144,16 +163,18 @@ def baseline_generate(
     max_tokens: int,
     eos_ids: set,
     should_stop: Callable[[], bool] = lambda: False,
-    sampler: Optional[Callable] = None,
+    sampling: Optional[Sampling] = None,
 ) -> Iterator:
-    """Plain decoding through mlx-lm's own generate_step: greedy (the baseline) unless a sampler
-    is given (the server's temperature > 0 path). Yields TokenEvents, then a RunSummary."""
+    """Plain decoding through mlx-lm's own generate_step: greedy (the baseline) unless `sampling`
+    is given (plain sampling, from the distribution DFlash's sampling also draws from). Yields
+    TokenEvents, then a RunSummary."""
     mx.reset_peak_memory()
     tokens, stop = [], "max_tokens"
+    if sampling:
+        sampling.seed_draws()
+    sampler = sampling.sampler() if sampling else (lambda logprobs: mx.argmax(logprobs, axis=-1))
     t_start = time.perf_counter()
     t0 = None
-    greedy = sampler is None
-    sampler = sampler or (lambda logprobs: mx.argmax(logprobs, axis=-1))
     for tok, _ in generate_step(mx.array(prompt_ids), model, max_tokens=max_tokens, sampler=sampler):
         t = time.perf_counter()
         t0 = t0 or t
@@ -168,13 +189,14 @@ def baseline_generate(
     t_end = time.perf_counter()
     t0 = t0 or t_end
     yield RunSummary(
-        engine="baseline" if greedy else "sampling",
+        engine="baseline" if sampling is None else "sampling",
         prompt_tokens=len(prompt_ids),
         tokens=tokens,
         prefill_s=t0 - t_start,
         decode_s=t_end - t0,
         stop_reason=stop,
         peak_memory_mb=mx.get_peak_memory() / 2**20,
+        sampling=sampling,
     )
 
 

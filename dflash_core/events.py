@@ -3,6 +3,8 @@ nothing downstream recomputes them."""
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from .sampling import Draws, Sampling
+
 
 @dataclass
 class CycleEvent:
@@ -13,15 +15,17 @@ class CycleEvent:
     drafted: list  # the draft's B-1 proposals
     verified: int  # how many of them the target checked: B-1, fewer under min_confidence
     posterior: list  # the target's greedy choice after each of the verified + 1 positions
-    accepted_len: int  # a: longest prefix where drafted == posterior[:-1]
+    accepted_len: int  # a: greedy, the longest prefix where drafted == posterior[:-1]; sampling, kept by the draws
     committed: list  # [staged, drafted[:a]] (cut at EOS / max tokens)
-    next_staged: int  # posterior[a]: a correction when a < verified, a bonus when a = verified
+    next_staged: int  # a correction when a < verified, a bonus when a = verified: greedy, posterior[a];
+    # sampling, a draw from the residual max(0, p - q) after a rejection, else from p
     kv_trimmed: int  # attention-cache entries dropped per attention layer (verified - a)
     gdn_replayed: int  # GatedDeltaNet steps replayed per linear layer (a+1; 0 if none)
     draft_ms: float
     verify_ms: float
     rollback_ms: float
     t: float  # seconds since decoding started (after prefill), when committed
+    draws: Optional[Draws] = None  # sampling only: p(d), q(d) and the uniform draw per examined proposal
 
     @property
     def block_size(self) -> int:
@@ -43,7 +47,7 @@ class TokenEvent:
 
 @dataclass
 class RunSummary:
-    engine: str  # "dflash" | "baseline"
+    engine: str  # "dflash" | "baseline" (plain greedy) | "sampling" (plain sampling)
     prompt_tokens: int
     tokens: list  # generated ids after the prompt, EOS included if hit
     prefill_s: float
@@ -56,6 +60,7 @@ class RunSummary:
     drafted_tokens: int = 0  # proposals the target verified
     accepted_tokens: int = 0
     accepted_per_position: list = field(default_factory=list)  # k=1..B-1: cycles accepting >= k
+    sampling: Optional[Sampling] = None  # None: greedy
 
     @property
     def generated(self) -> int:
@@ -91,6 +96,8 @@ class RunSummary:
             "stop_reason": self.stop_reason,
             "peak_memory_mb": round(self.peak_memory_mb, 1),
         }
+        if self.sampling:
+            out.update(temperature=self.sampling.temperature, top_p=self.sampling.top_p, seed=self.sampling.seed)
         if self.engine == "dflash":
             out.update(
                 block_size=self.block_size,

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from . import backend
+from . import backend, layout
 from .draft import DraftConfig, DraftModel
 from .engine import baseline_generate, dflash_generate, first_divergence
 from .errors import DFlashError
 from .target import Target
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
+ASSETS = layout.ASSETS / "models"
 # Shipped pairs: name -> (target dir or GGUF file, draft dir). The first is the default. SmolLM2's
 # GGUF is not in the repository: scripts/install.sh fetches it (see SMOLLM2_FETCH).
 SHIPPED = {
@@ -181,6 +181,7 @@ class Pair:
     context_length: int
     chat_default: bool = True  # whether prompts go through the chat template unless told otherwise
     blas_threads: dict = field(default_factory=dict)  # engine -> BLAS threads, measured at its first run (CPU)
+    draft_dir: Path = None  # where the draft was loaded from (its card and recorded benchmarks)
 
     @property
     def block_size(self) -> int:
@@ -190,15 +191,19 @@ class Pair:
     def eos_ids(self) -> set:
         return set(self.tokenizer.eos_token_ids)
 
-    def encode(self, prompt: str, chat_template: bool = True) -> list:
+    def encode(self, prompt: str, chat_template: bool = True, system_prompt: str = None,
+               template_args: dict = None) -> list:
+        """`template_args`: extra keyword arguments for the chat template (thinking is off unless
+        they turn it on); they and `system_prompt` apply only where the chat template does."""
         if not prompt or not prompt.strip():
             raise DFlashError("the prompt is empty; give some text to continue")
         if chat_template and getattr(self.tokenizer, "has_chat_template", False):
+            system = [{"role": "system", "content": system_prompt}] if system_prompt else []
             text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}],
+                system + [{"role": "user", "content": prompt}],
                 add_generation_prompt=True,
                 tokenize=False,
-                enable_thinking=False,
+                **{"enable_thinking": False, **(template_args or {})},
             )
             ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:
@@ -224,21 +229,22 @@ class Pair:
         return self.tokenizer.decode([t for t in ids if t not in self.eos_ids])
 
     def dflash(self, prompt_ids, max_tokens, block_size=None, should_stop=lambda: False, draft_fn=None,
-               min_confidence=None):
+               min_confidence=None, sampling=None):
         """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread.
-        min_confidence None: the backend's default (backend.default_min_confidence)."""
+        min_confidence None: the backend's default (backend.default_min_confidence); sampling
+        None: greedy."""
         block_size = self.block_size if block_size is None else block_size
         self.check_request(prompt_ids, max_tokens, block_size)
         if min_confidence is None:
             min_confidence = backend.default_min_confidence()
         return self._run("dflash", dflash_generate(self.target, self.draft, prompt_ids, max_tokens, block_size,
-                                                   self.eos_ids, should_stop, draft_fn, min_confidence))
+                                                   self.eos_ids, should_stop, draft_fn, min_confidence, sampling))
 
-    def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False, sampler=None):
-        """TokenEvents, then a RunSummary: plain decoding via mlx-lm (greedy unless a sampler)."""
+    def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False, sampling=None):
+        """TokenEvents, then a RunSummary: plain decoding via mlx-lm (greedy unless `sampling`)."""
         self.check_request(prompt_ids, max_tokens, 2)
         return self._run("baseline", baseline_generate(self.model, prompt_ids, max_tokens, self.eos_ids,
-                                                       should_stop, sampler))
+                                                       should_stop, sampling))
 
     def _run(self, engine: str, events):
         self._use_fastest_threads(engine)  # when the run starts, not when it is created
@@ -320,4 +326,5 @@ def load_pair(model: str = None, draft: str = None, allow_download: bool = True)
         draft=draft_model,
         context_length=context,
         chat_default=getattr(tokenizer, "has_chat_template", False) and not (model in SHIPPED and model not in CHAT_PAIRS),
+        draft_dir=draft_dir,
     )

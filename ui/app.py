@@ -12,6 +12,7 @@ from pathlib import Path
 import gradio as gr
 
 from dflash_core.backend import default_min_confidence
+from dflash_core.benchmark import recorded_figure
 from dflash_core.errors import DFlashError
 from dflash_core.loading import ASSETS as SHIPPED_DIR
 from dflash_core.worker import default_worker
@@ -221,6 +222,7 @@ class RunView:
         self.baseline_pieces = render.Pieces(pair.tokenizer.decode)
         self.dflash_pieces = render.Pieces(pair.tokenizer.decode)
         self.b_text, self.d_pieces = [], []
+        self.recorded = recorded_figure(pair.draft_dir)
 
     def reset(self, ui) -> dict:
         empty = charts.all_charts([], None, [], None)
@@ -229,7 +231,7 @@ class RunView:
             ui["b_out"]: render.plain_text_html("", placeholder="Baseline output appears here."),
             ui["d_stats"]: render.stats_html(0, 0.0, 0.0, render.dflash_extra(), status="waiting"),
             ui["d_out"]: render.dflash_tokens_html([], [], self.token_text),
-            ui["speedup"]: render.speedup_html(),
+            ui["speedup"]: render.speedup_html(recorded=self.recorded),
             ui["lossless"]: render.lossless_html("pending"),
             ui["race"]: render.info_html("The race replay starts when both engines have finished."),
             **{p: fig for p, fig in zip(ui["plots"], empty)},
@@ -302,7 +304,7 @@ class RunView:
             out[ui["lossless"]] = render.lossless_html("partial", f"stopped early; the first {k} tokens are identical")
         if d is None:
             return out
-        out[ui["speedup"]] = render.speedup_html(b, d)
+        out[ui["speedup"]] = render.speedup_html(b, d, self.recorded)
         b_times = [b.prefill_s + e.t for e in run.baseline]
         d_times = [d.prefill_s + c.t for c in run.cycles for _ in c.committed]
         end = max(b_times[-1:] + d_times[-1:] or [0.0])

@@ -169,16 +169,23 @@ def dflash_extra(summary: RunSummary = None, cycles: list = ()) -> list:
     ]
 
 
-def speedup_html(baseline: RunSummary = None, dflash: RunSummary = None) -> str:
+def speedup_html(baseline: RunSummary = None, dflash: RunSummary = None, recorded: dict = None) -> str:
+    """This run's decode speedup, and beside it the headless benchmark's median for the pair on
+    this kind of device when one is recorded (recorded: benchmark.recorded_figure)."""
+    reference = ""
+    if recorded:
+        reference = (f'<div class="sub">headless benchmark of this pair on {esc(recorded["device"])}: '
+                     f'{recorded["speedup"]:.2f}× median, {recorded["tokens_per_cycle"]:.2f} tokens/cycle '
+                     f'({recorded["prompts"]} prompts × {recorded["repeat"]} repeats)</div>')
     if baseline is None or dflash is None or not baseline.decode_tps or not dflash.decode_tps:
-        return '<div class="speedup empty"><div class="v">–</div><div class="k">speedup</div></div>'
+        return f'<div class="speedup empty"><div class="v">–</div><div class="k">speedup</div>{reference}</div>'
     x = dflash.decode_tps / baseline.decode_tps
     e2e = (baseline.prefill_s + baseline.decode_s) / max(dflash.prefill_s + dflash.decode_s, 1e-9)
     cls = "speedup up" if x >= 1 else "speedup down"
     return (
         f'<div class="{cls}"><div class="v">{x:.2f}×</div><div class="k">decode speedup</div>'
         f'<div class="sub">{dflash.decode_tps:.1f} vs {baseline.decode_tps:.1f} tok/s · '
-        f"end to end {e2e:.2f}× · one run (the benchmark command reports medians)</div></div>"
+        f"end to end {e2e:.2f}× · this run</div>{reference}</div>"
     )
 
 

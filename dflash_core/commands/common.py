@@ -1,13 +1,47 @@
-"""Arguments and helpers shared by the commands that load a model pair."""
+"""Arguments and helpers shared by the commands that load a model pair. Where mlx-lm's own
+commands name an option differently (--draft-model, --num-draft-tokens, -p), its name works too."""
+import argparse
+import json
 import sys
 
-from ..argtypes import probability
+from ..argtypes import positive_int, probability, temperature, top_p
+from ..errors import DFlashError
 from ..loading import load_pair
 
 
 def add_pair_args(p):
     p.add_argument("--model", help="target: local mlx-lm dir, hub id, or a shipped pair's name (default: the shipped pair)")
-    p.add_argument("--draft", help="DFlash draft: local dir or hub id (default: the registry's draft for --model)")
+    p.add_argument("--draft", "--draft-model", dest="draft",
+                   help="DFlash draft: local dir or hub id (default: the registry's draft for --model)")
+
+
+def add_block_size_args(p):
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--block-size", type=positive_int, help="2 .. the draft's block size (default: the draft's)")
+    g.add_argument("--num-draft-tokens", type=positive_int, metavar="N",
+                   help="mlx-lm's name for the same setting: N draft tokens per cycle = --block-size N+1")
+
+
+def block_size(args, pair):
+    """The block size asked for with --block-size or --num-draft-tokens (None: the draft's own)."""
+    n = args.num_draft_tokens
+    if n is None:
+        return args.block_size
+    if n >= pair.block_size:
+        raise DFlashError(f"--num-draft-tokens {n} is out of range: use 1..{pair.block_size - 1} "
+                          f"(the draft's block size {pair.block_size} minus 1)")
+    return n + 1
+
+
+def json_object(text: str) -> dict:
+    """--chat-template-args: a JSON object, e.g. '{"enable_thinking": true}'."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"'{text}' is not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a JSON object: give one such as '{{\"enable_thinking\": true}}'")
+    return value
 
 
 def log(*args):
@@ -23,6 +57,25 @@ def add_min_confidence_arg(p):
     p.add_argument("--min-confidence", type=probability,
                    help="verify only the leading draft tokens the draft gives at least this probability "
                         "(the first always); 0 verifies all B-1 (default: 0.2 on a CPU, 0 on a GPU)")
+
+
+def add_sampling_args(p):
+    p.add_argument("--temperature", "--temp", type=temperature, default=0.0,
+                   help="0: greedy decoding (default); above 0: speculative sampling, which draws from the "
+                        "target's own distribution (the same as plain sampling), still accepting draft blocks")
+    p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling with temperature > 0 (default 1: off)")
+    p.add_argument("--seed", type=int, help="random seed for sampling: the same seed, the same output on one machine")
+
+
+def sampling_of(args):
+    """The Sampling the flags ask for, or None for greedy decoding."""
+    from ..sampling import Sampling
+
+    if args.temperature == 0:
+        if args.top_p < 1 or args.seed is not None:
+            raise DFlashError("--top-p and --seed apply to sampling: give --temperature above 0 too")
+        return None
+    return Sampling(args.temperature, args.top_p, args.seed)  # no seed: MLX's random state, as mlx-lm
 
 
 def _device_name() -> str:

@@ -1,40 +1,68 @@
-"""generate: DFlash on one prompt, optionally side by side with plain greedy decoding."""
+"""generate: DFlash on one prompt, optionally side by side with plain decoding (greedy, or sampling
+with the same seed)."""
 import json
+import sys
 
-from ..argtypes import positive_int, whole_number
+from ..argtypes import whole_number
+from ..errors import DFlashError
 from ..events import CycleEvent, RunSummary
-from .common import add_min_confidence_arg, add_pair_args, load, log
+from ..tokenizer import TextStream
+from .common import (add_block_size_args, add_min_confidence_arg, add_pair_args, add_sampling_args, block_size,
+                     json_object, load, log, sampling_of)
 
 
 def add_parser(sub):
     p = sub.add_parser("generate", help="generate text with DFlash speculative decoding")
     add_pair_args(p)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-tokens", type=whole_number, default=256)
-    p.add_argument("--block-size", type=positive_int, help="2 .. the draft's block size (default: the draft's)")
+    p.add_argument("--prompt", "-p", required=True, help="the prompt; '-' reads it from stdin")
+    p.add_argument("--system-prompt", help="a system message before the prompt (chat template)")
+    p.add_argument("--chat-template-args", "--chat-template-config", type=json_object, metavar="JSON",
+                   help="extra arguments for the chat template, e.g. '{\"enable_thinking\": true}' "
+                        "(thinking is off unless turned on here)")
+    p.add_argument("--max-tokens", "-m", type=whole_number, default=256, help="most tokens to generate (default 256)")
+    add_block_size_args(p)
     add_min_confidence_arg(p)
-    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    add_sampling_args(p)
+    p.add_argument("--no-chat-template", "--ignore-chat-template", action="store_true",
+                   help="feed the prompt as raw text")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--compare-baseline", action="store_true", help="also run plain greedy decoding and compare")
+    p.add_argument("--compare-baseline", action="store_true",
+                   help="also run plain decoding and compare (greedy: token for token; sampling: the same seed)")
     p.set_defaults(func=run)
 
 
+TEMPLATE_ONLY = "--system-prompt and --chat-template-args go through the chat template"
+
+
 def run(args) -> int:
+    wants_template = args.system_prompt is not None or args.chat_template_args is not None
+    if wants_template and args.no_chat_template:
+        raise DFlashError(f"{TEMPLATE_ONLY}: drop --no-chat-template")  # said before a long load
+    sampling = sampling_of(args)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt  # as mlx-lm reads it
     pair = load(args)
-    ids = pair.encode(args.prompt, chat_template=not args.no_chat_template)
+    if wants_template and not getattr(pair.tokenizer, "has_chat_template", False):
+        raise DFlashError(f"{TEMPLATE_ONLY}, and this model has none")
+    ids = pair.encode(prompt, chat_template=not args.no_chat_template, system_prompt=args.system_prompt,
+                      template_args=args.chat_template_args)
+    stream = TextStream(pair.tokenizer, pair.eos_ids)  # the text view's output
     summary = None
-    for ev in pair.dflash(ids, args.max_tokens, args.block_size, min_confidence=args.min_confidence):
+    for ev in pair.dflash(ids, args.max_tokens, block_size(args, pair), min_confidence=args.min_confidence,
+                          sampling=sampling):
         if isinstance(ev, CycleEvent) and not args.json:
-            print(pair.text(ev.committed), end="", flush=True)
+            print(stream.add(ev.committed), end="", flush=True)
         elif isinstance(ev, RunSummary):
             summary = ev
+    if not args.json:
+        print(stream.finish(), end="", flush=True)
     out = {"tokens": summary.tokens, "text": pair.text(summary.tokens), "stats": summary.stats()}
     if args.compare_baseline:
-        base = list(pair.baseline(ids, args.max_tokens))[-1]
-        div = pair.divergence(ids, summary.tokens, base.tokens)
+        base = list(pair.baseline(ids, args.max_tokens, sampling=sampling))[-1]
         out["baseline"] = {"tokens": base.tokens, "decode_tps": round(base.decode_tps, 2)}
-        out["identical"] = div is None
-        out["first_divergence"] = None if div is None else vars(div)
+        if sampling is None:
+            div = pair.divergence(ids, summary.tokens, base.tokens)
+            out["identical"] = div is None
+            out["first_divergence"] = None if div is None else vars(div)
         out["speedup"] = round(summary.decode_tps / base.decode_tps, 3) if base.decode_tps else None
     if args.json:
         print(json.dumps(out))
@@ -45,6 +73,7 @@ def run(args) -> int:
     log(f"\n[{s.generated} tokens, {s.decode_tps:.1f} tok/s, {s.tokens_per_cycle:.2f} tokens/cycle, "
         f"acceptance rate {s.acceptance_rate:.1%}{checked}, prefill {s.prefill_s:.2f}s]")
     if args.compare_baseline:
-        verdict = "identical" if out["identical"] else f"DIVERGED at {out['first_divergence']}"
+        verdict = ("sampled: the same distribution as plain sampling, not the same tokens" if sampling
+                   else "identical" if out["identical"] else f"DIVERGED at {out['first_divergence']}")
         log(f"[baseline {out['baseline']['decode_tps']} tok/s, speedup {out['speedup']}x, output {verdict}]")
     return 0
