@@ -40,7 +40,7 @@ def headless(worker, pair, ids, max_tokens, min_confidence) -> dict:
 
 
 def through_page(client, key, prompt, max_tokens, chat, min_confidence) -> dict:
-    out = client.predict(prompt, key, max_tokens, 16, chat, min_confidence, api_name="/run")
+    out = client.predict(prompt, key, max_tokens, 16, chat, min_confidence, 0.0, 1.0, 0, api_name="/run")
     export = out[15]["value"] if isinstance(out[15], dict) else out[15]
     run = json.loads(Path(export).read_text())
     assert run["lossless"]["verdict"] == "identical", run["lossless"]

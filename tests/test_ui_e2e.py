@@ -18,9 +18,15 @@ OUTPUTS = ["status", "b_stats", "b_out", "d_stats", "d_out", "speedup", "lossles
            "plot0", "plot1", "plot2", "plot3", "plot4", "slider", "inspector", "export", "state"]
 
 
-def run(client, key, prompt=PROMPT, max_tokens=MAX_TOKENS, block_size=16, chat=False, min_confidence=0.0):
+def run(client, key, prompt=PROMPT, max_tokens=MAX_TOKENS, block_size=16, chat=False, min_confidence=0.0,
+        temperature=0.0, top_p=1.0, seed=0):
     return dict(zip(OUTPUTS, client.predict(prompt, key, max_tokens, block_size, chat, min_confidence,
-                                            api_name="/run")))
+                                            temperature, top_p, seed, api_name="/run")))
+
+
+def exported(out) -> dict:
+    with open(out["export"]["value"] if isinstance(out["export"], dict) else out["export"]) as f:
+        return json.load(f)
 
 
 def visible_text(markup):
@@ -51,6 +57,23 @@ def test_run_shows_both_engines_and_identical_output(served, client):
     assert "decode speedup" in out["speedup"] and "Cycle" in out["inspector"]
     assert out["slider"]["maximum"] == len(dflash["events"]) - 1
     assert exported["settings"]["min_confidence"] == 0.0 and "tok-unverified" not in out["d_out"]
+
+
+def test_sampling_run_says_same_distribution_and_shows_the_draws(served, client):
+    """Temperature > 0: plain sampling against speculative sampling, seeded alike; the verdict
+    says what is true, the inspector and tooltips show p, q and the draws, the seed repeats."""
+    out = run(client, served[1], temperature=0.9, top_p=0.95, seed=5)
+    assert "lossless sampled" in out["lossless"] and "same distribution" in out["lossless"]
+    run_json = exported(out)
+    assert run_json["settings"]["temperature"] == 0.9 and run_json["settings"]["seed"] == 5
+    assert run_json["lossless"]["verdict"] == "sampled"
+    cycles = run_json["dflash"]["events"]
+    assert all(len(c["draws"]["u"]) == min(c["accepted_len"] + 1, c["verified"]) for c in cycles)
+    assert run_json["baseline"]["summary"]["engine"] == "sampling"
+    assert "draw u" in out["inspector"] and "p/q" in out["d_out"]
+    again = exported(run(client, served[1], temperature=0.9, top_p=0.95, seed=5))
+    assert again["dflash"]["summary"]["tokens"] == run_json["dflash"]["summary"]["tokens"]
+    assert again["baseline"]["summary"]["tokens"] == run_json["baseline"]["summary"]["tokens"]
 
 
 def test_verify_threshold_leaves_unsure_guesses_unverified_and_output_identical(served, client):
@@ -105,14 +128,14 @@ class ScriptedPair:
     def check_request(self, ids, max_tokens, block_size):
         self._note("check")
 
-    def baseline(self, ids, max_tokens, should_stop):
+    def baseline(self, ids, max_tokens, should_stop, sampling=None):
         self._note("baseline start")
         for i, tok in enumerate(self.reference):
             yield TokenEvent(i, tok, 0.01 * (i + 1))
         self._note("baseline end")
         yield RunSummary("baseline", len(ids), self.reference, 0.01, 0.05, "max_tokens", 1.0)
 
-    def dflash(self, ids, max_tokens, block_size, should_stop, min_confidence=None):
+    def dflash(self, ids, max_tokens, block_size, should_stop, min_confidence=None, sampling=None):
         self._note("dflash start")
         yield CycleEvent(0, self.ours[0], self.ours[1:3], 2, self.ours[1:3] + [7], 2, self.ours[:3], 7, 0, 0, 1.0, 2.0, 0.1, 0.01)
         yield CycleEvent(1, self.ours[3], [9], 1, [self.ours[4], 1], 0, self.ours[3:4], self.ours[4], 1, 0, 1.0, 2.0, 0.1, 0.02)

@@ -14,6 +14,7 @@ import gradio as gr
 from dflash_core.backend import default_min_confidence
 from dflash_core.benchmark import recorded_figure
 from dflash_core.errors import DFlashError
+from dflash_core.sampling import Sampling
 from dflash_core.loading import ASSETS as SHIPPED_DIR
 from dflash_core.worker import default_worker
 
@@ -26,6 +27,7 @@ PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "examp
 # the same process as the engine (and the browser on the same cores), so every rebuilt view is
 # time taken from the run it measures. The colored cycles, charts and inspector are drawn once the
 # engines have finished.
+MAX_TEMPERATURE = 1.5
 FRAME_S = 0.25  # at most 4 page updates a second while an engine runs
 KEEP_EXPORTS = 200  # run files kept for download on a long-running host
 MAX_REJECTED_SHOWN = 4  # rejected drafts shown per cycle in the colored pane (the rest as "+N")
@@ -101,7 +103,8 @@ class Playground:
 
     # --- permalink ----------------------------------------------------------------------
     def prefill(self, key, request: gr.Request):
-        """Fill the form from ?prompt=...&max_tokens=...&block_size=...&chat=...&min_confidence=..."""
+        """Fill the form from ?prompt=...&max_tokens=...&block_size=...&chat=...&min_confidence=...
+        &temperature=...&top_p=...&seed=..."""
         q = dict(request.query_params) if request else {}
         try:
             info = self.pair_info(key) if key else render.error_html("no model pairs are available on this host")
@@ -121,6 +124,9 @@ class Playground:
             number("block_size", B, 2, B),
             q.get("chat", "0") in ("1", "true", "yes") if "chat" in q else self.catalogue.is_chat(key),
             number("min_confidence", default_min_confidence(), 0.0, 1.0, float),
+            number("temperature", 0.0, 0.0, MAX_TEMPERATURE, float),
+            number("top_p", 1.0, 0.05, 1.0, float),
+            number("seed", 0, 0, 2**31 - 1),
             info,
         )
 
@@ -138,8 +144,10 @@ class Playground:
         if event is not None:
             event.set()
 
-    def run(self, prompt, key, max_tokens, block_size, chat, min_confidence, request: gr.Request):
-        """Baseline, then DFlash, then the lossless check, streamed to the page."""
+    def run(self, prompt, key, max_tokens, block_size, chat, min_confidence, temperature=0.0, top_p=1.0, seed=0,
+            request: gr.Request = None):
+        """Baseline, then DFlash, then the lossless check, streamed to the page. Temperature 0 is
+        greedy; above it, plain sampling against speculative sampling with the same seed."""
         ui = self.ui
         try:
             # the sliders' bounds (Gradio checks them) hold the host's cap and the draft's block size
@@ -155,7 +163,8 @@ class Playground:
         session = request.session_hash if request else "local"
         self.stops[session] = user_stop
         run = Comparison(pair.name, prompt, ids, max_tokens, block_size, bool(chat), hybrid=pair.target.hybrid,
-                         min_confidence=float(min_confidence))
+                         min_confidence=float(min_confidence),
+                         sampling=Sampling(float(temperature), float(top_p), int(seed)) if float(temperature or 0) > 0 else None)
         view = RunView(pair)
         yield {**view.reset(ui), ui["status"]: render.info_html(f"prompt: {len(ids)} tokens · running the baseline …")}
         last_frame = 0.0
@@ -295,6 +304,12 @@ class RunView:
         out = {ui["export"]: gr.DownloadButton(value=str(export_path), interactive=True), ui["state"]: Shown(run, self.token_text, self.d_pieces)}
         if run.verdict == "identical":
             out[ui["lossless"]] = render.lossless_html("identical", f"all {len(d.tokens)} tokens match the baseline token for token")
+        elif run.verdict == "sampled":
+            s = run.sampling
+            out[ui["lossless"]] = render.lossless_html(
+                "sampled", f"temperature {s.temperature:g}, top-p {s.top_p:g}, seed {s.seed}: speculative sampling "
+                "keeps the target's own distribution, so DFlash and plain sampling write different texts from "
+                "the same distribution (temperature 0 gives token-for-token identity)")
         elif run.verdict == "diverged":
             out[ui["lossless"]] = render.lossless_html("diverged", render.divergence_detail(run.divergence, self.token_text))
         elif d is None:
@@ -373,6 +388,13 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                                                 "least this probability (the first always); 0 checks all",
                                            elem_id="min-confidence")
                 chat = gr.Checkbox(catalogue.is_chat(default), label="Apply the chat template", elem_id="chat-template")
+                with gr.Accordion("Sampling (temperature 0: greedy)", open=False):
+                    temperature = gr.Slider(0, MAX_TEMPERATURE, value=0, step=0.05, label="Temperature",
+                                            info="above 0 both engines sample: plain sampling against speculative "
+                                                 "sampling, which keeps the target's distribution",
+                                            elem_id="temperature")
+                    top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p", elem_id="top-p")
+                    seed = gr.Number(0, label="Seed", precision=0, minimum=0, elem_id="seed")
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary", elem_id="run", scale=2)
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
@@ -389,7 +411,7 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         with gr.Row(equal_height=False):
             with gr.Column():
                 gr.HTML('<div class="pane-title"><span class="dot" style="background:#8b93a7"></span>'
-                        "Baseline · plain greedy decoding</div>")
+                        "Baseline · plain decoding (greedy; sampling above temperature 0)</div>")
                 ui["b_stats"] = gr.HTML(render.stats_html(0, 0.0, 0.0), elem_id="baseline-stats")
                 ui["b_out"] = gr.HTML(render.plain_text_html("", placeholder="Baseline output appears here."),
                                       elem_id="baseline-output")
@@ -426,7 +448,7 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         outputs = [ui["status"], ui["b_stats"], ui["b_out"], ui["d_stats"], ui["d_out"], ui["speedup"],
                    ui["lossless"], ui["race"], *ui["plots"], ui["insp_slider"], ui["insp_html"], ui["export"],
                    ui["state"]]
-        run_inputs = [prompt, model_key, max_tokens, block_size, chat, min_confidence]
+        run_inputs = [prompt, model_key, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed]
         run_event = run_btn.click(play.run, run_inputs, outputs, concurrency_limit=concurrency,
                                   concurrency_id="mlx", show_progress="minimal",
                                   show_progress_on=[ui["status"]], api_name="run")
@@ -437,7 +459,8 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         stop_btn.click(play.stop, None, None, queue=False, api_name="stop")
         replay_btn.click(None, js=assets.RACE_JS)
         theme_btn.click(None, js=assets.THEME_JS)
-        link_btn.click(None, [prompt, max_tokens, block_size, chat, min_confidence], [link], js=assets.COPY_LINK_JS)
+        link_btn.click(None, [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed], [link],
+                       js=assets.COPY_LINK_JS)
         model_key.change(play.select_model, [model_key, block_size, max_tokens],
                          [model_info, block_size, max_tokens, chat], concurrency_id="mlx",
                          show_progress_on=[model_info], api_name="select_model")
@@ -449,7 +472,8 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                        api_visibility="private")
         next_btn.click(lambda shown, i: min(int(i) + 1, max(len(shown.run.cycles) - 1, 0)) if shown else 0,
                        [ui["state"], ui["insp_slider"]], [ui["insp_slider"]], queue=False, api_visibility="private")
-        demo.load(play.prefill, [model_key], [prompt, max_tokens, block_size, chat, min_confidence, model_info],
+        demo.load(play.prefill, [model_key],
+                  [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, model_info],
                   api_visibility="private")
     demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
     demo.playground = play  # for hosts and tests: the catalogue and the MLX worker it uses

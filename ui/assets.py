@@ -132,7 +132,7 @@ RACE_JS = """
 
 # Builds a permalink for the current settings, copies it when the browser allows, and shows it.
 COPY_LINK_JS = """
-(prompt, maxTokens, blockSize, chat, minConfidence) => {
+(prompt, maxTokens, blockSize, chat, minConfidence, temperature, topP, seed) => {
   const u = new URL(window.location.href);
   u.search = '';
   u.searchParams.set('prompt', prompt);
@@ -140,6 +140,11 @@ COPY_LINK_JS = """
   u.searchParams.set('block_size', blockSize);
   u.searchParams.set('chat', chat ? '1' : '0');
   u.searchParams.set('min_confidence', minConfidence);
+  if (temperature > 0) {
+    u.searchParams.set('temperature', temperature);
+    u.searchParams.set('top_p', topP);
+    u.searchParams.set('seed', seed);
+  }
   const link = u.toString();
   if (navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {});
   return link;

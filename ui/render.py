@@ -87,7 +87,7 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
             tip = f"{head} · block position 0 · staged token (target's own choice) · {tail}"
             out.append(_token_span(text, "tok-target", tip))
         else:
-            tip = f"{head} · block position {k} · accepted draft token · {tail}"
+            tip = f"{head} · block position {k} · accepted draft token{_draw_tip(ev, k - 1)} · {tail}"
             out.append(_token_span(text, "tok-accepted", tip))
     if len(pieces) == a + 1:  # not cut short by EOS / max tokens
         rejected = ev.drafted[a:]
@@ -98,7 +98,12 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
                 kind, why = "unverified", "not verified: the draft was unsure"
             else:
                 kind = "rejected"
-                why = f"target wanted {draft_text(ev.posterior[a])!r}" if j == 0 else "after the rejection point"
+                if j > 0:
+                    why = "after the rejection point"
+                elif ev.draws:
+                    why = f"{_draw_tip(ev, a).lstrip(' ·')}; resampled {draft_text(ev.next_staged)!r} from max(0, p - q)"
+                else:
+                    why = f"target wanted {draft_text(ev.posterior[a])!r}"
             tip = f"{head} · block position {k} · {kind} draft token ({why}) · {tail}"
             out.append(_token_span(draft_text(tok), f"tok-{kind}", tip, inline=True))
         if len(shown) < len(rejected):
@@ -106,6 +111,14 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
             out.append(f'<span class="tok-more" title="{more} more draft tokens of cycle {ev.cycle} not committed (rejected or unverified)">+{more}</span>')
     cls = "cycle cycle-bonus" if ev.is_bonus else "cycle"
     return f'<span class="{cls}" data-cycle="{ev.cycle}">{"".join(out)}</span>'
+
+
+def _draw_tip(ev: CycleEvent, k: int) -> str:
+    """Sampling: why proposal k was kept or not (p, q, their ratio, the uniform draw)."""
+    if not ev.draws or k >= len(ev.draws.u):
+        return ""
+    p, q, u = ev.draws.p[k], ev.draws.q[k], ev.draws.u[k]
+    return f" · p={p:.3f} q={q:.3f} p/q={p / q if q else float('inf'):.2f} draw u={u:.3f}"
 
 
 def dflash_tokens_html(cycles: list, pieces: list, draft_text, max_rejected=None, running=False) -> str:
@@ -190,10 +203,11 @@ def speedup_html(baseline: RunSummary = None, dflash: RunSummary = None, recorde
 
 
 def lossless_html(verdict: str, detail: str = "") -> str:
-    """verdict: 'identical' | 'diverged' | 'partial' | 'pending'."""
-    icon = {"identical": "✓", "diverged": "≠", "partial": "…", "pending": "·"}[verdict]
+    """verdict: 'identical' | 'diverged' | 'partial' | 'pending' | 'sampled'."""
+    icon = {"identical": "✓", "diverged": "≠", "partial": "…", "pending": "·", "sampled": "≈"}[verdict]
     title = {
         "identical": "identical: DFlash produced exactly the baseline's tokens",
+        "sampled": "same distribution: both sampled from the target's own distribution",
         "diverged": "diverged from the baseline",
         "partial": "stopped early",
         "pending": "lossless check runs when both engines finish",
@@ -264,21 +278,8 @@ def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: 
     # positions past the verified ones were not sent to the target
     unchecked = '<td class="unverified">–</td>' * (B - 1 - v)
     wanted = "<td></td>" + "".join(cell(ev.posterior[k], "acc" if k < a else ("fix" if k == a else "")) for k in range(v)) + unchecked
-    match, cum, run = ["<td></td>"], ["<td></td>"], 1
-    for k in range(v):
-        m = int(ev.drafted[k] == ev.posterior[k])
-        run *= m
-        match.append(f'<td class="{"yes" if m else "no"}">{"✓" if m else "✗"}</td>')
-        cum.append(f'<td class="{"yes" if run else "no"}">{run}</td>')
-    match.append(unchecked)
-    cum.append(unchecked)
-    rows = [
-        ("block into the draft", block),
-        ("draft proposes", drafted),
-        ("target's choice", wanted),
-        ("match", "".join(match)),
-        ("cumulative product", "".join(cum)),
-    ]
+    rows = [("block into the draft", block), ("draft proposes", drafted)]
+    rows += _sampling_rows(ev, unchecked) if ev.draws else _greedy_rows(ev, wanted, unchecked)
     table = "".join(f"<tr><th class='rowh'>{esc(n)}</th>{r}</tr>" for n, r in rows)
     nxt = token_text(ev.next_staged)
     kind = "bonus" if ev.is_bonus else "correction"
@@ -305,6 +306,36 @@ def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: 
     )
 
 
+def _greedy_rows(ev: CycleEvent, wanted: str, unchecked: str) -> list:
+    match, cum, run = ["<td></td>"], ["<td></td>"], 1
+    for k in range(ev.verified):
+        m = int(ev.drafted[k] == ev.posterior[k])
+        run *= m
+        match.append(f'<td class="{"yes" if m else "no"}">{"✓" if m else "✗"}</td>')
+        cum.append(f'<td class="{"yes" if run else "no"}">{run}</td>')
+    return [("target's choice", wanted), ("match", "".join(match + [unchecked])),
+            ("cumulative product", "".join(cum + [unchecked]))]
+
+
+def _sampling_rows(ev: CycleEvent, unchecked: str) -> list:
+    """Speculative sampling: per examined proposal the target's and the draft's probability of
+    it, their ratio (the chance to keep it), the uniform draw, and the outcome."""
+    d, n = ev.draws, len(ev.draws.u)
+    rest = '<td class="muted">·</td>' * (ev.verified - n) + unchecked  # not examined after the rejection
+
+    def row(values):
+        return "<td></td>" + "".join(values) + rest
+
+    kept = [k < ev.accepted_len for k in range(n)]
+    return [
+        ("target p(d)", row(f"<td>{p:.3f}</td>" for p in d.p)),
+        ("draft q(d)", row(f"<td>{q:.3f}</td>" for q in d.q)),
+        ("keep chance min(1, p/q)", row(f"<td>{min(1.0, p / q) if q else 1.0:.2f}</td>" for p, q in zip(d.p, d.q))),
+        ("draw u", row(f"<td>{u:.3f}</td>" for u in d.u)),
+        ("kept (u < p/q)", row(f'<td class="{"yes" if k else "no"}">{"✓" if k else "✗"}</td>' for k in kept)),
+    ]
+
+
 def explain(ev: CycleEvent, token_text) -> str:
     """The cycle in plain words (escaped HTML)."""
     B, a, v = ev.block_size, ev.accepted_len, ev.verified
@@ -316,6 +347,8 @@ def explain(ev: CycleEvent, token_text) -> str:
             f"The draft was sure of only the first {v} (each at least the confidence threshold; "
             f"the first always goes), so the target read {v + 1} tokens, not {B}: on a CPU every "
             "verified position costs time, and unsure guesses are rarely accepted. It")
+    if ev.draws:
+        return _explain_sampled(ev, q, read)
     s = [
         f"The target had already chosen {q(ev.staged_token)} (the staged token). "
         f"The draft saw it followed by {B - 1} MASK slots and filled all {B - 1} in one forward pass.",
@@ -336,4 +369,28 @@ def explain(ev: CycleEvent, token_text) -> str:
                  "committed and the target's pick is the next staged token (a correction).")
     s.append("Every committed token is the target's own greedy choice, which is why the output is "
              "identical to plain decoding. The caches are rolled back to hold exactly the committed tokens.")
+    return "<p>" + "</p><p>".join(s) + "</p>"
+
+
+def _explain_sampled(ev: CycleEvent, q, read: str) -> str:
+    B, a, v = ev.block_size, ev.accepted_len, ev.verified
+    s = [
+        f"The target had already drawn {q(ev.staged_token)} (the staged token). The draft saw it followed by "
+        f"{B - 1} MASK slots and, in one forward pass, gave a distribution q for every slot and drew one "
+        "proposal d from each.",
+        f"{read} gave its own distribution p at every position. Going left to right, each proposal is "
+        "kept with probability min(1, p(d) / q(d)): a uniform draw u keeps it when u < p(d) / q(d).",
+    ]
+    if ev.is_bonus:
+        s.append(f"All {a} {'verified ' if v < B - 1 else ''}proposals were kept, so the next token, {q(ev.next_staged)}, "
+                 "was drawn from the target's p after the last one: a bonus token, staged for the next cycle.")
+    else:
+        d = ev.draws
+        s.append(f"Proposal {a + 1}, {q(ev.drafted[a])}, had p = {d.p[a]:.3f} against q = {d.q[a]:.3f} and the draw "
+                 f"u = {d.u[a]:.3f} was too high, so it and everything after it were dropped. The replacement "
+                 f"{q(ev.next_staged)} was drawn from max(0, p - q), normalized: the mass the target has and the "
+                 "draft did not give, which is exactly what keeps the output distributed as the target's.")
+    s.append("So every token follows the target's own sampling distribution (the same as plain sampling), "
+             "though not the same tokens as a plain run with the same seed. The caches are rolled back to "
+             "hold exactly the committed tokens.")
     return "<p>" + "</p><p>".join(s) + "</p>"

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from dflash_core.events import Divergence, RunSummary, to_dict
+from dflash_core.sampling import Sampling
 
 
 @dataclass
@@ -18,12 +19,13 @@ class Comparison:
     chat_template: bool
     hybrid: bool = False
     min_confidence: float = None  # None: the backend's default
+    sampling: Sampling = None  # None: greedy, both engines; else plain vs speculative sampling, seeded alike
     stage: str = "queued"  # baseline | dflash | check | done
     baseline: list = field(default_factory=list)  # TokenEvents
     baseline_summary: RunSummary = None
     cycles: list = field(default_factory=list)  # CycleEvents
     dflash_summary: RunSummary = None
-    verdict: str = "pending"  # identical | diverged | partial | pending
+    verdict: str = "pending"  # identical | diverged | partial | pending | sampled
     divergence: Divergence = None
     stage_started: float = 0.0  # perf_counter when the current engine's request started
 
@@ -44,7 +46,10 @@ class Comparison:
             "prompt_ids": self.prompt_ids,
             "settings": {"max_tokens": self.max_tokens, "block_size": self.block_size,
                          "chat_template": self.chat_template,
-                         "min_confidence": self.dflash_summary.min_confidence if self.dflash_summary else None},
+                         "min_confidence": self.dflash_summary.min_confidence if self.dflash_summary else None,
+                         "temperature": self.sampling.temperature if self.sampling else 0.0,
+                         "top_p": self.sampling.top_p if self.sampling else 1.0,
+                         "seed": self.sampling.seed if self.sampling else None},
             "baseline": {"events": [to_dict(e) for e in self.baseline],
                          "summary": to_dict(self.baseline_summary) if self.baseline_summary else None},
             "dflash": {"events": [to_dict(e) for e in self.cycles],
@@ -83,13 +88,18 @@ def compare(worker, pair, run: Comparison, user_stop: threading.Event):
     ids, n, B = run.prompt_ids, run.max_tokens, run.block_size
     worker.call(pair.check_request, ids, n, B)
 
-    yield from _run_stage(worker, run, "baseline", lambda stop: pair.baseline(ids, n, stop), user_stop)
+    yield from _run_stage(worker, run, "baseline", lambda stop: pair.baseline(ids, n, stop, sampling=run.sampling),
+                          user_stop)
     if user_stop.is_set():
         run.stage, run.verdict = "done", "partial"
         yield run
         return
-    yield from _run_stage(worker, run, "dflash", lambda stop: pair.dflash(ids, n, B, stop, min_confidence=run.min_confidence),
-                          user_stop)
+    yield from _run_stage(worker, run, "dflash", lambda stop: pair.dflash(ids, n, B, stop, min_confidence=run.min_confidence,
+                                                                          sampling=run.sampling), user_stop)
+    if run.sampling:  # the same distribution, not the same tokens: nothing to compare token by token
+        run.stage, run.verdict = "done", "sampled"
+        yield run
+        return
 
     run.stage = "check"
     yield run
