@@ -1,14 +1,27 @@
 """An OpenAI-compatible HTTP server over one loaded pair, with Prometheus metrics.
 
-Greedy requests (temperature 0 or absent) run through DFlash; temperature > 0 is plain sampling
-through mlx-lm (speculative sampling is not implemented), and every response says which path
-served it in the `x-dflash-path` header. All MLX work runs on the one worker thread, so
+Every request runs through DFlash: greedy at temperature 0 (or absent), speculative sampling
+above it (the target's own distribution, `top_p` and `seed` honoured). A request field
+`"dflash": false` asks for plain decoding through mlx-lm instead (for A/B comparisons), and every
+response says which path served it in the `x-dflash-path` header (`dflash` or `plain`). All MLX work runs on the one worker thread, so
 concurrent requests queue there and each gets exactly the tokens a lone run would give.
-Metrics are fed only from the engine's own events: CycleEvents while a request runs, its
-RunSummary at the end.
+
+Waiting holds no thread: the handlers are async and await the worker's events, so /health and
+/metrics answer however many requests wait. The queue is bounded: `max_queue` requests may wait
+behind the one generating, more are answered 429 with a Retry-After header. A run never waits
+for its client: it goes on at the worker's pace and queues its text for the client; a client that
+hangs up (streamed or not) has its run cancelled at the next cycle, and a streaming client that
+leaves more than `stream_buffer` pieces of text unread is cut off. Metrics are fed only from the
+engine's own events: CycleEvents while a request runs, its RunSummary at the end.
+
+With an API key the /v1 routes want it as a Bearer token and the playground asks for it as its
+password; /health, /metrics and /metrics.json stay open for monitors.
 """
+import asyncio
 import collections
 import json
+import math
+import secrets
 import sys
 import threading
 import time
@@ -16,20 +29,24 @@ import uuid
 from typing import Optional, Union
 
 import anyio
-import mlx.core as mx
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from mlx_lm.sample_utils import make_sampler
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from mlx_lm.generate import wired_limit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from .errors import DFlashError
 from .events import CycleEvent, RunSummary
+from .sampling import Sampling
+from .tokenizer import TextStream
 from .worker import default_worker
 
 DEFAULT_MAX_TOKENS = 256  # when a request gives none (clipped to the room left in the context)
+MAX_QUEUE = 64  # requests that may wait behind the one generating
+STREAM_BUFFER = 256  # pieces of text a streaming client may leave unread before it is cut off
 HISTORY = 50  # request summaries kept for /metrics.json
 
 
@@ -46,6 +63,7 @@ class _Base(BaseModel):
     stream: bool = False
     stream_options: Optional[dict] = None
     seed: Optional[int] = None
+    dflash: bool = True  # false: plain decoding (greedy or sampling) through mlx-lm, for comparisons
     n: int = 1
     logprobs: Union[bool, int, None] = None
 
@@ -66,6 +84,7 @@ class ChatRequest(_Base):
     messages: list[_Message] = Field(min_length=1)
     max_completion_tokens: Optional[int] = None
     tools: Optional[list] = None
+    chat_template_kwargs: Optional[dict] = None  # e.g. {"enable_thinking": true}; thinking is off unless asked
 
 
 class CompletionRequest(_Base):
@@ -79,15 +98,21 @@ class APIError(Exception):
     """A request the server refuses, answered in OpenAI's error shape."""
 
     def __init__(self, status: int, message: str, param: str = None, code: str = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", headers: dict = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+CUT_OFF = APIError(503, "the stream was cut off: this client read it too slowly, and the server does not "
+                        "hold a run's text back for long; read the stream as it comes",
+                   code="client_too_slow", kind="server_error")
 
 
 # --- metrics ---------------------------------------------------------------------------------
@@ -105,7 +130,10 @@ class Metrics:
             "Cycles whose draft was accepted at this position (0 = first proposal)", ["position"], registry=r)
         self.prompt_tokens = Counter("dflash_prompt_tokens", "Prompt tokens prefilled", ["path"], registry=r)
         self.generation_tokens = Counter("dflash_generation_tokens", "Tokens generated", ["path"], registry=r)
-        self.requests = Counter("dflash_requests", "Requests by serving path and outcome", ["path", "outcome"], registry=r)
+        self.requests = Counter(
+            "dflash_requests", "Requests by serving path and outcome (stop, length; cancelled: the client "
+            "hung up; cut_off: it read its stream too slowly; error; refused: invalid, unauthorized, queue_full)",
+            ["path", "outcome"], registry=r)
         self.running = Gauge("dflash_requests_running", "Requests generating or queued for the worker", registry=r)
         self.latency = Histogram("dflash_request_latency_seconds", "Request time from arrival to last token",
                                  ["path"], registry=r,
@@ -139,8 +167,14 @@ class Metrics:
         with self._lock:
             self.recent.append(record)
 
-    def invalid(self):
-        self.requests.labels(path="none", outcome="invalid").inc()
+    def refused(self, outcome: str):
+        self.requests.labels(path="none", outcome=outcome).inc()
+
+    def mean_run_seconds(self) -> float:
+        """How long the worker spent on a request lately (prefill and decoding; 1 s before any)."""
+        with self._lock:
+            runs = [r["prefill_s"] + r["decode_s"] for r in self.recent if "decode_s" in r]
+        return sum(runs) / len(runs) if runs else 1.0
 
     def totals(self) -> dict:
         get = self.registry.get_sample_value
@@ -158,126 +192,133 @@ class Metrics:
 
 # --- generation ------------------------------------------------------------------------------
 
-def sample_generate(pair, prompt_ids, max_tokens, temperature, top_p, seed, should_stop):
-    """Plain sampling through mlx-lm (the temperature > 0 path). Runs on the worker thread."""
-    if seed is not None:
-        mx.random.seed(seed)
-    sampler = make_sampler(temp=temperature, top_p=top_p or 0.0)
-    return pair.baseline(prompt_ids, max_tokens, should_stop, sampler=sampler)
+class StopCut:
+    """Cuts generated text where the first stop string begins. add() takes newly completed text
+    and returns what may be sent now: a tail that could still grow into a stop string is held back
+    until the next text settles it. Only whole characters come in, so a stop string whose
+    character was split across cycles is found once that character is complete."""
 
+    def __init__(self, stops: list):
+        self.stops = [s for s in stops if s]
+        self.text, self.sent = "", 0
+        self.at = None  # where the stop string begins, once found
 
-def _held_back(text: str, stops: list) -> int:
-    """How many trailing characters must not be sent yet: the start of a stop string, or an
-    incomplete UTF-8 character (decoded as one U+FFFD until its last byte arrives)."""
-    hold = 1 if text.endswith("\ufffd") else 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:n]):
-                hold = max(hold, n)
-                break
-    return hold
+    def add(self, new: str) -> str:
+        if self.at is not None:
+            return ""
+        self.text += new
+        found = [i for s in self.stops if (i := self.text.find(s, self.sent)) >= 0]
+        if found:
+            self.at = min(found)
+            return self._send(self.at)
+        return self._send(len(self.text) - self._held_back())
 
+    def finish(self, rest: str) -> str:
+        """At the end of the run: the rest of the text, unless a stop string cut it."""
+        piece = self.add(rest)
+        return piece if self.at is not None else piece + self._send(len(self.text))
 
-def _first_stop(text: str, stops: list, start: int):
-    """Where the earliest stop string begins in text[start:], or None."""
-    found = [i for s in stops if (i := text.find(s, start)) >= 0]
-    return min(found, default=None)
+    def _held_back(self) -> int:
+        """How many trailing characters could be the start of a stop string."""
+        hold = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.text)), hold, -1):
+                if self.text.endswith(s[:n]):
+                    hold = n
+                    break
+        return hold
 
-
-class Detokenizer:
-    """The text of the tokens so far, decoding only the tokens since the last complete
-    character (decoding everything per cycle is quadratic in the output length)."""
-
-    CONTEXT = 4  # finished tokens decoded along with the new ones: SentencePiece drops the
-    # leading space of a sequence's first token, so new tokens are never decoded on their own
-
-    def __init__(self, decode, skip: set):
-        self.decode, self.skip = decode, skip
-        self.text, self.done, self.pending = "", [], []  # text and tokens up to a character boundary; tokens after it
-
-    def add(self, tokens: list) -> str:
-        self.pending += [t for t in tokens if t not in self.skip]
-        ctx = self.done[-self.CONTEXT:]
-        head, full = self.decode(ctx), self.decode(ctx + self.pending)
-        tail = full[len(head):] if full.startswith(head) else self.decode(self.pending)
-        if tail.endswith("\ufffd"):
-            return self.text + tail
-        self.text, self.done, self.pending = self.text + tail, ctx + self.pending, []
-        return self.text
+    def _send(self, upto: int) -> str:
+        piece = self.text[self.sent : upto]
+        self.sent = max(self.sent, upto)
+        return piece
 
 
 class Job:
-    """One request's generation. `text_deltas()` is a plain generator, consumed on a request
-    thread (never the worker's): it yields text as the engine commits it, cuts at stop strings,
-    and feeds the metrics. After it ends, `finish_reason` and `usage` are set."""
+    """One admitted request's run. run() generates on the worker, feeds the metrics and queues
+    the client's text in `pieces` (None ends them); it returns once the engine has stopped,
+    whether or not anyone reads. With a `buffer`, a client that leaves more pieces than that
+    unread is cut off: its run is cancelled rather than let its text pile up. After run(),
+    `outcome` is set, and unless the run was cancelled before it started, `finish_reason`,
+    `usage` and `summary` too."""
 
-    def __init__(self, server, rid, endpoint, ids, max_tokens, temperature, top_p, seed, stops):
+    def __init__(self, server, rid, endpoint, ids, max_tokens, sampling, use_dflash, stops, buffer=None):
         self.server, self.rid, self.endpoint = server, rid, endpoint
         self.ids, self.max_tokens = ids, max_tokens
-        self.temperature, self.top_p, self.seed = temperature, top_p, seed
-        self.stops = [s for s in stops if s]
-        self.path = "dflash" if not temperature else "sampling"
+        self.sampling = sampling  # None: greedy
+        self.stops = stops
+        self.path = "dflash" if use_dflash else "plain"
+        self.buffer = buffer
+        self.pieces = asyncio.Queue()
         self.cancel = threading.Event()
-        self.client_gone = False
-        self.finish_reason, self.usage, self.summary = None, None, None
+        self.client_gone = self.cut_off = False
+        self.outcome = self.finish_reason = self.usage = self.summary = self.error = None
         self.t_arrival = time.perf_counter()
 
     def _events(self):
-        pair, cancel = self.server.pair, self.cancel
-        if self.path == "dflash":
-            return pair.dflash(self.ids, self.max_tokens, should_stop=cancel.is_set)
-        return sample_generate(pair, self.ids, self.max_tokens, self.temperature, self.top_p, self.seed,
-                               cancel.is_set)
+        """The engine's events, on the worker thread, inside mlx-lm's wired limit as mlx-lm's own
+        generation runs (on Apple silicon it keeps the weights resident; elsewhere a no-op)."""
+        pair, stop = self.server.pair, self.cancel.is_set
+        with wired_limit(pair.model):
+            if self.path == "dflash":
+                yield from pair.dflash(self.ids, self.max_tokens, should_stop=stop, sampling=self.sampling)
+            else:
+                yield from pair.baseline(self.ids, self.max_tokens, stop, sampling=self.sampling)
 
-    def text_deltas(self):
-        metrics = self.server.metrics
-        detok = Detokenizer(self.server.pair.decode, self.server.pair.eos_ids)
-        tokens, text, sent, used, stopped = [], "", 0, None, False
-        metrics.running.inc()
-        outcome = "error"
+    async def run(self):
+        pair, metrics = self.server.pair, self.server.metrics
+        words, cut = TextStream(pair.tokenizer, pair.eos_ids), StopCut(self.stops)
+        tokens, used = [], None
         try:
-            for ev in self.server.worker.stream(self._events, self.cancel):
+            async for ev in self.server.worker.astream(self._events, self.cancel):
                 if isinstance(ev, RunSummary):
                     self.summary = ev
                     continue
-                if isinstance(ev, CycleEvent):
-                    metrics.cycle(ev)
-                    new = ev.committed
-                else:
-                    metrics.generation_tokens.labels(path="sampling").inc()
-                    new = [ev.token]
-                if not tokens and not stopped:
+                new = self._count(ev)
+                if not tokens:
                     metrics.first_token.labels(path=self.path).observe(time.perf_counter() - self.t_arrival)
-                if stopped:
+                if cut.at is not None:
                     continue  # the engine stops at its next check; what it made meanwhile is dropped
+                before = len(tokens)
                 tokens += new
-                text = detok.add(new)
-                cut = _first_stop(text, self.stops, sent)
-                if cut is not None:
-                    stopped, used = True, self._tokens_for(tokens, cut, len(tokens) - len(new))
+                self._give(cut.add(words.add(new)))
+                if cut.at is not None:
+                    used = self._tokens_for(tokens, cut.at, before)
                     self.cancel.set()
-                    if cut > sent:
-                        yield text[sent:cut]
-                    continue
-                safe = len(text) - _held_back(text, self.stops)
-                if safe > sent:
-                    yield text[sent:safe]
-                    sent = safe
-            s = self.summary
-            if not stopped and len(text) > sent:
-                yield text[sent:]
-            self.finish_reason = "stop" if stopped or s.stop_reason == "eos" else "length"
-            generated = used if stopped else s.generated
-            self.usage = {"prompt_tokens": len(self.ids), "completion_tokens": generated,
-                          "total_tokens": len(self.ids) + generated}
-            outcome = self.finish_reason
+            self._give(cut.finish(words.finish()))
+            if self.summary is not None:
+                stopped = cut.at is not None
+                self.finish_reason = "stop" if stopped or self.summary.stop_reason == "eos" else "length"
+                generated = self.summary.generated if not stopped else used or len(tokens)
+                self.usage = {"prompt_tokens": len(self.ids), "completion_tokens": generated,
+                              "total_tokens": len(self.ids) + generated}
+        except Exception as e:  # the engine failed: the client is told (a 500, or an error event)
+            self.error = e
         finally:
-            metrics.running.dec()
-            if self.client_gone:
-                outcome = "cancelled"
+            self.outcome = ("cut_off" if self.cut_off else "cancelled" if self.client_gone
+                            else self.finish_reason or "error")
+            self.server.release()
             record = {"id": self.rid, "endpoint": self.endpoint, "path": self.path,
-                      "outcome": outcome, "time": time.time()}
+                      "outcome": self.outcome, "time": time.time()}
             metrics.finish(record, self.summary, time.perf_counter() - self.t_arrival)
+            self.pieces.put_nowait(None)
+
+    def _count(self, ev) -> list:
+        """Feed an engine event to the metrics; the tokens it committed."""
+        if isinstance(ev, CycleEvent):
+            self.server.metrics.cycle(ev)
+            return ev.committed
+        self.server.metrics.generation_tokens.labels(path="plain").inc()
+        return [ev.token]
+
+    def _give(self, piece: str):
+        if not piece or self.cut_off:
+            return
+        if self.buffer is not None and self.pieces.qsize() >= self.buffer:
+            self.cut_off = True
+            self.cancel.set()
+            return
+        self.pieces.put_nowait(piece)
 
     def _tokens_for(self, tokens: list, cut: int, lo: int) -> int:
         """The fewest generated tokens (more than lo) whose text reaches past `cut`, where a stop
@@ -287,23 +328,28 @@ class Job:
                 return n
         return len(tokens)
 
-    def collect(self) -> str:
-        return "".join(self.text_deltas())
+    def client_left(self):
+        """The client hung up: a run still going is cancelled at its next cycle."""
+        if self.outcome is None:
+            self.client_gone = True
+            self.cancel.set()
 
-    async def stream_deltas(self):
-        """The same deltas for an async response. If the client goes away (this generator is
-        closed early), the engine is told to stop and the rest is drained, so the worker is
-        free for the next request and the metrics still see the run."""
-        deltas = self.text_deltas()
-        try:
-            while (delta := await anyio.to_thread.run_sync(next, deltas, None)) is not None:
-                yield delta
-        finally:
-            if self.finish_reason is None:
-                self.client_gone = True
-                self.cancel.set()
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(collections.deque, deltas, 0)
+    async def text(self, request: Request) -> str:
+        """Run to the end and return the whole text. The client may hang up meanwhile: nothing is
+        sent until the end, so its disconnect is watched for."""
+        async with anyio.create_task_group() as watch:
+            watch.start_soon(self._cancel_on_disconnect, request)
+            await self.run()
+            watch.cancel_scope.cancel()
+        pieces = []
+        while (piece := self.pieces.get_nowait()) is not None:
+            pieces.append(piece)
+        return "".join(pieces)
+
+    async def _cancel_on_disconnect(self, request: Request):
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.client_left()
 
 
 class _SSE(StreamingResponse):
@@ -331,15 +377,28 @@ def _sse(obj) -> str:
 # --- the app ---------------------------------------------------------------------------------
 
 class Server:
-    def __init__(self, pair, model_id: str, worker=None):
+    def __init__(self, pair, model_id: str, worker=None, api_key: str = None, max_queue: int = MAX_QUEUE,
+                 max_tokens: int = DEFAULT_MAX_TOKENS, stream_buffer: int = STREAM_BUFFER):
         self.pair, self.model_id = pair, model_id
         self.worker = worker or default_worker()
+        self.api_key, self.max_queue = api_key, max_queue
+        self.default_max_tokens, self.stream_buffer = max_tokens, stream_buffer
         self.metrics = Metrics(pair.block_size)
         self.started = int(time.time())
+        self.admitted = 0  # requests generating or waiting for the worker
+        self._runs = set()  # streamed runs' tasks (the event loop keeps only weak references)
 
     @staticmethod
     def new_id(prefix: str) -> str:
         return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+    def check_key(self, authorization: Optional[str]):
+        if self.api_key is None:
+            return
+        scheme, _, key = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(key.strip().encode(), self.api_key.encode()):
+            raise APIError(401, "this server wants an API key: send it as the header 'Authorization: Bearer KEY'",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     def check_model(self, name):
         if name is not None and name not in (self.model_id, self.pair.name):
@@ -354,7 +413,7 @@ class Server:
             if value not in (default, None, False, 0, []):
                 raise APIError(400, f"'{name}' is not supported by this server", param=name)
 
-    def chat_ids(self, messages) -> list:
+    def chat_ids(self, messages, template_kwargs: dict = None) -> list:
         tok = self.pair.tokenizer
         if not getattr(tok, "has_chat_template", False):
             raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
@@ -368,7 +427,8 @@ class Server:
                 content = m.content or ""
             msgs.append({"role": m.role, "content": content})
         try:
-            text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, enable_thinking=False)
+            text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False,
+                                           **{"enable_thinking": False, **(template_kwargs or {})})
         except Exception as e:  # the template itself refuses (e.g. roles out of order)
             raise APIError(400, f"the chat template refused these messages: {e}".splitlines()[0], param="messages") from None
         return self._room(tok.encode(text, add_special_tokens=False), "messages")
@@ -396,32 +456,64 @@ class Server:
                                 f"{self.pair.context_length}; shorten it", param=param)
         return ids
 
-    def job(self, rid, endpoint, req, ids, max_tokens) -> Job:
+    def job(self, rid, endpoint, req, ids, max_tokens, param: str = "max_tokens") -> Job:
+        """The request's run, checked. `param` names the field max_tokens came from."""
         if max_tokens is None:
-            max_tokens = min(DEFAULT_MAX_TOKENS, self.pair.context_length - len(ids))
+            max_tokens = min(self.default_max_tokens, self.pair.context_length - len(ids))
         try:
             self.pair.check_request(ids, max_tokens, 2)
         except DFlashError as e:
-            raise APIError(400, str(e), param="max_tokens") from None
+            raise APIError(400, f"{param}: {e}", param=param) from None
         stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        return Job(self, rid, endpoint, ids, max_tokens, req.temperature, req.top_p, req.seed, stops)
+        sampling = Sampling(req.temperature, req.top_p or 1.0, req.seed) if req.temperature else None
+        return Job(self, rid, endpoint, ids, max_tokens, sampling, req.dflash, stops,
+                   buffer=self.stream_buffer if req.stream else None)
+
+    def admit(self):
+        """Take a place in the worker's queue, or refuse with 429 when all are taken."""
+        if self.admitted > self.max_queue:  # the one generating, and max_queue waiting
+            raise APIError(429, f"the server is busy: {self.admitted} requests are running or waiting; "
+                                "retry after the time in the Retry-After header",
+                           code="queue_full", kind="rate_limit_error",
+                           headers={"Retry-After": str(max(1, math.ceil(self.metrics.mean_run_seconds())))})
+        self.admitted += 1
+        self.metrics.running.inc()
+
+    def release(self):
+        self.admitted -= 1
+        self.metrics.running.dec()
+
+    def start(self, job: Job):
+        """Run a streamed job on a task of its own: it goes on whether or not the client reads."""
+        task = asyncio.create_task(job.run())
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
 
 
-def create_app(pair, model_id: str = None, worker=None, playground: dict = None) -> FastAPI:
+def create_app(pair, model_id: str = None, worker=None, playground: dict = None, api_key: str = None,
+               allowed_origins: list = None, max_queue: int = MAX_QUEUE, max_tokens: int = DEFAULT_MAX_TOKENS,
+               stream_buffer: int = STREAM_BUFFER) -> FastAPI:
     """The API; with `playground` (build_app's model/draft, e.g. {"model": None, "draft": None}
-    for the shipped default) also the Gradio playground at /, when the `ui` package is present."""
-    server = Server(pair, model_id or pair.name, worker)
+    for the shipped default) also the Gradio playground at /, when the `ui` package is present.
+    api_key: wanted as a Bearer token on /v1 (and as the playground's password). allowed_origins:
+    the web origins whose pages may call the API (CORS). max_queue: requests that may wait behind
+    the one generating. max_tokens: the default for requests that give none. stream_buffer: the
+    pieces of text a streaming client may leave unread before it is cut off."""
+    server = Server(pair, model_id or pair.name, worker, api_key, max_queue, max_tokens, stream_buffer)
     app = FastAPI(title="DFlash server", docs_url="/docs", redoc_url=None)
     app.state.server = server
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"])
 
     @app.exception_handler(APIError)
     async def _api_error(request, e: APIError):
-        server.metrics.invalid()
+        server.metrics.refused({401: "unauthorized", 429: "queue_full"}.get(e.status, "invalid"))
         return e.response()
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request, e: RequestValidationError):
-        server.metrics.invalid()
+        server.metrics.refused("invalid")
         err = e.errors()[0]
         if err.get("type") == "json_invalid":
             return APIError(400, f"the request body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')})").response()
@@ -436,23 +528,28 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None)
     async def _internal(request, e: Exception):
         return _internal_error(e).response()
 
-    def respond(job: Job, make_body, make_chunk, stream_usage: bool):
+    async def respond(request: Request, job: Job, make_body, make_chunk, stream_usage: bool):
         headers = {"x-dflash-path": job.path}
+        server.admit()
         if make_chunk is None:
-            text = job.collect()
+            text = await job.text(request)
+            if job.error is not None:
+                raise job.error
+            if job.summary is None:  # the client hung up before its run began: nobody reads this
+                return Response(status_code=499)  # nginx's "client closed request"
             return JSONResponse(make_body(text, job), headers=headers)
+        server.start(job)
 
         async def events():
-            deltas = job.stream_deltas()
             try:
-                async for delta in deltas:
-                    yield _sse(make_chunk(delta, None))
-            except Exception as e:  # the status line is sent: say it in the stream, as OpenAI does
-                yield _sse(_internal_error(e).body())
+                while (piece := await job.pieces.get()) is not None:
+                    yield _sse(make_chunk(piece, None))
+            finally:
+                job.client_left()  # if the run goes on, the client left early (or was cut off)
+            if job.error is not None or job.cut_off:  # the status line is sent: say it in the stream
+                yield _sse((CUT_OFF if job.cut_off else _internal_error(job.error)).body())
                 yield "data: [DONE]\n\n"
                 return
-            finally:
-                await deltas.aclose()  # the client may be gone: this stops the engine
             yield _sse(make_chunk(None, job.finish_reason))
             if stream_usage:
                 yield _sse({**make_chunk(None, None), "choices": [], "usage": job.usage})
@@ -463,13 +560,21 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None)
     def _wants_usage(req) -> bool:
         return bool(req.stream_options and req.stream_options.get("include_usage"))
 
-    @app.post("/v1/chat/completions")
-    def chat_completions(req: ChatRequest):
+    async def require_key(authorization: Optional[str] = Header(None)):
+        server.check_key(authorization)
+
+    api = APIRouter(dependencies=[Depends(require_key)])
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest, request: Request):
         server.check_model(req.model)
         server.check_supported(req, {"logprobs": None, "tools": None})
-        ids = server.chat_ids(req.messages)
+        ids = server.chat_ids(req.messages, req.chat_template_kwargs)
         rid, created, model = server.new_id("chatcmpl-"), int(time.time()), server.model_id
-        job = server.job(rid, "chat", req, ids, req.max_completion_tokens or req.max_tokens)
+        if req.max_completion_tokens is not None:  # OpenAI's newer name wins, as in its API
+            job = server.job(rid, "chat", req, ids, req.max_completion_tokens, "max_completion_tokens")
+        else:
+            job = server.job(rid, "chat", req, ids, req.max_tokens)
 
         def body(text, job):
             return {"id": rid, "object": "chat.completion", "created": created, "model": model,
@@ -486,10 +591,10 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None)
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}]}
 
-        return respond(job, body, chunk if req.stream else None, req.stream and _wants_usage(req))
+        return await respond(request, job, body, chunk if req.stream else None, req.stream and _wants_usage(req))
 
-    @app.post("/v1/completions")
-    def completions(req: CompletionRequest):
+    @api.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
         server.check_model(req.model)
         server.check_supported(req, {"logprobs": None, "echo": False, "suffix": None, "best_of": 1})
         ids = server.completion_ids(req.prompt)
@@ -505,33 +610,34 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None)
             return {"id": rid, "object": "text_completion", "created": created, "model": model,
                     "choices": [{"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}]}
 
-        return respond(job, body, chunk if req.stream else None, req.stream and _wants_usage(req))
+        return await respond(request, job, body, chunk if req.stream else None, req.stream and _wants_usage(req))
 
     def model_card():
         return {"id": server.model_id, "object": "model", "created": server.started, "owned_by": "dflash",
                 "pair": pair.name}
 
-    @app.get("/v1/models")
-    def models():
+    @api.get("/v1/models")
+    async def models():
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{name:path}")
-    def model(name: str):
+    @api.get("/v1/models/{name:path}")
+    async def model(name: str):
         server.check_model(name)
         return model_card()
 
+    app.include_router(api)
+
     @app.get("/health")
-    def health():
+    async def health():
         return {"status": "ok", "model": server.model_id, "pair": pair.name, "block_size": pair.block_size,
-                "context_length": pair.context_length,
-                "requests_running": server.metrics.registry.get_sample_value("dflash_requests_running")}
+                "context_length": pair.context_length, "requests_running": server.admitted}
 
     @app.get("/metrics")
-    def metrics():
+    async def metrics():
         return PlainTextResponse(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/metrics.json")
-    def metrics_json():
+    async def metrics_json():
         return server.metrics.snapshot()
 
     if playground is not None:
@@ -542,10 +648,14 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None)
 def mount_playground(app: FastAPI, server: Server, model: str = None, draft: str = None) -> bool:
     """Mount the Gradio playground at / when the `ui` package is present, offering the served
     pair (model/draft as given to `serve`) first, already loaded. The API routes keep priority
-    (they were added first). A playground that cannot be built leaves the API running."""
+    (they were added first). A playground that cannot be built leaves the API running. With an
+    API key the playground asks for it as the password (any user name)."""
     try:
         import gradio as gr
-        from ui import build_app
+
+        from .layout import playground_package
+
+        build_app = playground_package().build_app
     except ImportError:
         return False
     try:
@@ -553,12 +663,15 @@ def mount_playground(app: FastAPI, server: Server, model: str = None, draft: str
     except DFlashError as e:
         print(f"warning: the playground is not served: {e}", file=sys.stderr)
         return False
+    if server.api_key is not None:
+        launch_kwargs["auth"] = lambda user, password: secrets.compare_digest(password.encode(), server.api_key.encode())
     gr.mount_gradio_app(app, blocks, path="/", **launch_kwargs)
     return True
 
 
-def serve(pair, model_id: str, host: str = "127.0.0.1", port: int = 8000, playground: dict = None):
+def serve(pair, model_id: str, host: str = "127.0.0.1", port: int = 8000, playground: dict = None, **options):
+    """Serve until interrupted; options: create_app's api_key, allowed_origins, max_queue, max_tokens."""
     import uvicorn
 
-    app = create_app(pair, model_id, playground=playground)
+    app = create_app(pair, model_id, playground=playground, **options)
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -11,7 +11,15 @@ from typing import Optional
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
+from .errors import DFlashError
+
 PREFILL_CHUNK = 512
+# The mlx-lm model modules (after mlx-lm's renames: a "mistral" config runs llama's) whose caches
+# DFlash rolls back exactly, each tested in tests/test_engine.py: attention caches are trimmed
+# (sliding-window ones too), GatedDeltaNet layers replayed from a tape. Other recurrent layers
+# (Mamba, Mamba-2, short convolutions: mamba, nemotron_h, jamba, lfm2, ...) keep a state that can
+# be neither, so their targets are refused at load instead of failing on the first rejection.
+SUPPORTED_ARCHITECTURES = ("gemma3_text", "llama", "qwen3", "qwen3_5", "qwen3_5_moe")
 
 
 @dataclass
@@ -109,7 +117,9 @@ class Target:
     @staticmethod
     def _text_owner(model):
         """The module holding `model` (embeddings, layers) and `lm_head`; VLM-style wrappers such
-        as qwen3_5 nest it under `language_model`."""
+        as qwen3_5 nest it under `language_model`. Asked before anything else of a loaded target
+        (load_pair's check_fit, Target), so an architecture DFlash cannot serve is refused here."""
+        check_architecture(model)
         return model.language_model if hasattr(model, "language_model") else model
 
     @staticmethod
@@ -198,6 +208,16 @@ class Target:
     def gdn_state(self):
         """What rollback recomputes (attention rollback is only an offset change)."""
         return [self.cache[i].cache for i, _, _ in self.gdn_layers]
+
+
+def check_architecture(model):
+    arch = type(model).__module__.rsplit(".", 1)[-1]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise DFlashError(
+            f"the target's architecture '{getattr(model, 'model_type', arch)}' is not supported: DFlash must "
+            "undo the target's cache after rejected proposals, which it can for "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} models only"
+        )
 
 
 def rollback_kv(cache, n_drop: int):

@@ -49,24 +49,33 @@ def save_tokenizer(tok: Tokenizer, out: Path, chat_template: bool = True) -> dic
 
 
 class TextStream:
-    """Generated text as it comes, through mlx-lm's streaming detokenizer (the one mlx-lm picks
-    for the tokenizer: byte-level BPE, SentencePiece, or decoding since the last line break), so
-    a character split over tokens or cycles comes out whole once complete, and SentencePiece's
-    word-initial spaces survive. The pieces join to the text of all the tokens. Stop tokens (EOS)
-    are not text and are left out. One per generation; `tokenizer` is mlx-lm's TokenizerWrapper."""
+    """Generated text as it comes: add() returns the text that the new tokens complete, holding
+    back a character split over tokens or cycles (decoded as U+FFFD until its last byte arrives);
+    finish() returns what is still held back when the run ends. The pieces join to exactly the
+    decode of all the tokens (mlx-lm's streaming detokenizers drop a reply's leading space, which
+    a completion must keep). New tokens are decoded after the last group of tokens that completed
+    text: SentencePiece drops the leading space of a sequence's first token, so new tokens are
+    never decoded on their own; the context starts on a character boundary, because a byte-fallback
+    decoder turns a whole run of byte tokens into U+FFFD when it starts mid-character; and
+    decoding everything per cycle would be quadratic in the length. Stop tokens (EOS) are not text
+    and are left out. One per run; the CLI and the server use it."""
 
     def __init__(self, tokenizer, skip=()):
-        self.detokenizer = tokenizer.detokenizer  # a fresh, reset copy on each access
-        self.skip = set(skip)
+        self.decode, self.skip = tokenizer.decode, set(skip)
+        self.context, self.pending = [], []  # the last tokens that completed text; tokens since
 
     def add(self, tokens) -> str:
-        """The text these tokens complete: "" while a character (or a lone space) waits for more."""
-        for token in tokens:
-            if token not in self.skip:
-                self.detokenizer.add_token(token)
-        return self.detokenizer.last_segment
+        self.pending += [t for t in tokens if t not in self.skip]
+        tail = self._pending_text()
+        if tail.endswith("\ufffd"):
+            return ""
+        self.context, self.pending = self.pending or self.context, []
+        return tail
 
     def finish(self) -> str:
-        """What was still held back when the generation ended."""
-        self.detokenizer.finalize()
-        return self.detokenizer.last_segment
+        tail, self.pending = self._pending_text(), []
+        return tail
+
+    def _pending_text(self) -> str:
+        head, full = self.decode(self.context), self.decode(self.context + self.pending)
+        return full[len(head):] if full.startswith(head) else self.decode(self.pending)

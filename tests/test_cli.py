@@ -102,6 +102,16 @@ def test_text_stream_gives_whole_characters_and_the_full_text(tmp_path, scheme, 
     assert not any("\ufffd" in p for p in pieces)
 
 
+@pytest.mark.parametrize("scheme", ["byte-level", "sentencepiece"])
+def test_text_stream_keeps_a_replys_leading_space(tmp_path, scheme):
+    """A completion that starts with a space (" Paris" after "The capital of France is") keeps it:
+    the streamed text is exactly the decode, token by token."""
+    tokenizer = _tokenizer(scheme, tmp_path / "tok")
+    ids = tokenizer.encode("x " + TEXT, add_special_tokens=False)[1:]  # a sequence that starts mid-text
+    stream = TextStream(tokenizer)
+    assert "".join([stream.add([t]) for t in ids] + [stream.finish()]) == tokenizer.decode(ids)
+
+
 def _cycle(i: int, committed: list) -> CycleEvent:
     return CycleEvent(cycle=i, staged_token=committed[0], drafted=[], verified=0, posterior=[], accepted_len=0,
                       committed=committed, next_staged=0, kv_trimmed=0, gdn_replayed=0, draft_ms=0.0,

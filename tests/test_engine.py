@@ -200,3 +200,122 @@ def test_quantized_target_is_lossless(random_dirs, family):
         _, base = run(pair.baseline(ids, 40))
         _, ours = run(pair.dflash(ids, 40, 8))
         assert ours.tokens == base.tokens
+
+
+# --- architectures beyond random_models.FAMILIES -------------------------------------------------
+
+WINDOW = 8  # sliding windows shorter than the prompts below: the rotating caches wrap during prefill
+MORE_ARCHITECTURES = {
+    "llama-sliding": {"model_type": "llama", "layer_types": ["sliding_attention", "full_attention"] * 2,
+                      "sliding_window": WINDOW},
+    "gemma3_text": {"model_type": "gemma3_text", "sliding_window": WINDOW, "sliding_window_pattern": 2,
+                    "query_pre_attn_scalar": 16},
+    "qwen3_5_moe": {"model_type": "qwen3_5_moe", "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+                    "full_attention_interval": 2, "num_experts": 4, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+                    "rope_parameters": {"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+}
+# caches DFlash cannot roll back: Mamba / Mamba-2 / short-convolution layers, alone or beside attention
+UNSUPPORTED = {
+    "mamba": {"model_type": "mamba", "state_size": 8, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
+              "time_step_rank": 4},
+    "nemotron_h": {"model_type": "nemotron_h", "attention_bias": False, "mamba_num_heads": 4, "mamba_head_dim": 16,
+                   "mamba_proj_bias": False, "ssm_state_size": 8, "conv_kernel": 4, "n_groups": 1, "mlp_bias": False,
+                   "layer_norm_epsilon": 1e-5, "use_bias": False, "use_conv_bias": True,
+                   "hybrid_override_pattern": "M*M*"},
+    "jamba": {"model_type": "jamba", "attn_layer_offset": 1, "attn_layer_period": 2, "expert_layer_offset": 1,
+              "expert_layer_period": 2, "mamba_d_conv": 4, "mamba_d_state": 8, "mamba_expand": 2, "num_experts": 2,
+              "num_experts_per_tok": 1},
+    "lfm2": {"model_type": "lfm2", "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3, "block_dim": 64,
+             "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": False,
+             "full_attn_idxs": [1, 3]},
+}
+
+
+def write_architecture(root, name: str, config: dict, seed: int = 5):
+    """(target dir, draft dir): a random llama-shaped target directory (tokenizer, sizes) with
+    `config` laid over its config.json and fresh random weights of that architecture, and a draft."""
+    import json
+
+    from mlx.utils import tree_flatten
+
+    from dflash_core.random_models import write_draft, write_target
+    from dflash_core.train_target import build_model
+
+    target = write_target(root / name, "llama", seed=seed)
+    cfg = {**json.loads((target / "config.json").read_text()), **config}
+    mx.random.seed(seed)
+    model = build_model(cfg)
+    mx.save_safetensors(str(target / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (target / "config.json").write_text(json.dumps(cfg))
+    return target, write_draft(root / f"{name}-draft", target, seed=seed + 1)
+
+
+@pytest.fixture(scope="module")
+def architecture_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("architectures")
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = write_architecture(root, name, {**MORE_ARCHITECTURES, **UNSUPPORTED}[name])
+        return made[name]
+
+    return get
+
+
+def test_every_supported_architecture_is_tested():
+    from dflash_core.target import SUPPORTED_ARCHITECTURES
+
+    tested = set(FAMILIES) | {"llama" if name == "llama-sliding" else name for name in MORE_ARCHITECTURES}
+    assert set(SUPPORTED_ARCHITECTURES) == tested
+
+
+def _lossless_for_every_accepted_length(pair, prompts, max_tokens=60):
+    """The draft model's and the oracle / wrong / partly-right proposals give plain greedy's tokens."""
+    rng, vocab = random.Random(0), pair.draft.config.vocab_size
+    for ids in prompts:
+        _, base = run(pair.baseline(ids, max_tokens))
+        for block_size in (16, 4):
+            drafts = {"draft model": None, "oracle": oracle_draft(len(ids), base.tokens),
+                      "wrong": _corrupting_draft(base.tokens, len(ids), vocab, rng, "wrong"),
+                      "partly": _corrupting_draft(base.tokens, len(ids), vocab, rng, "partly")}
+            for name, draft_fn in drafts.items():
+                _, ours = run(pair.dflash(ids, max_tokens, block_size, draft_fn=draft_fn, min_confidence=0.0))
+                assert ours.tokens == base.tokens, (name, block_size)
+
+
+@pytest.mark.parametrize("name", ["llama-sliding", "gemma3_text"])
+def test_sliding_window_target_is_lossless(architecture_dirs, name):
+    """Sliding-window layers keep a RotatingKVCache of WINDOW entries; the prompts are longer, so
+    the cache has wrapped before the first cycle, and rollback trims a wrapped cache."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    from dflash_core.loading import load_pair
+
+    pair = load_pair(*map(str, architecture_dirs(name)))
+    prompts = [pair.encode(p, chat_template=False) for p in PROMPTS[1:3]]
+    assert all(len(ids) > WINDOW for ids in prompts)
+    _lossless_for_every_accepted_length(pair, prompts)
+    windows = [c for c in pair.target.cache if isinstance(c, RotatingKVCache)]
+    assert windows and all(c.max_size == WINDOW and c.offset > 2 * WINDOW for c in windows)
+
+
+def test_qwen3_5_moe_target_is_lossless(architecture_dirs):
+    from dflash_core.loading import load_pair
+
+    pair = load_pair(*map(str, architecture_dirs("qwen3_5_moe")))
+    assert pair.target.hybrid
+    _lossless_for_every_accepted_length(pair, [pair.encode(PROMPTS[1], chat_template=False)])
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_unsupported_architecture_is_one_clear_error(architecture_dirs, name):
+    from dflash_core.errors import DFlashError
+    from dflash_core.loading import load_pair
+
+    with pytest.raises(DFlashError) as e:
+        load_pair(*map(str, architecture_dirs(name)))
+    assert f"architecture '{name}' is not supported" in str(e.value)
+    assert "qwen3_5" in str(e.value) and "\n" not in str(e.value)

@@ -20,10 +20,11 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from dflash_core.loading import DEFAULT_PAIR, SHIPPED, load_pair
-from dflash_core.random_models import write_draft, write_target
-from dflash_core.server import Detokenizer, create_app, sample_generate
+from dflash_core.sampling import Sampling
+from dflash_core.server import create_app
+from dflash_core.tokenizer import TextStream
 from dflash_core.worker import default_worker
-from ui_pair import PROMPT, free_port, pin_draft
+from ui_pair import PROMPT, free_port, pinned_random_pair
 
 MODEL = "random-qwen3"
 SHIPPED_TARGET = SHIPPED[DEFAULT_PAIR][0]  # the GGUF that scripts/install.sh fetches
@@ -32,12 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("server-pair")
-    target = write_target(root / "target", "qwen3", seed=3)
-    draft = write_draft(root / "draft", target, layers=1, seed=4)
+    target, draft, pair = pinned_random_pair(tmp_path_factory.mktemp("server-pair"))
     worker = default_worker()
-    worker.call(pin_draft, target, draft, PROMPT, 48)
-    pair = worker.call(load_pair, str(target), str(draft))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(pair, MODEL), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -147,16 +144,24 @@ def test_stop_strings_cut_the_text(served):
     assert streamed[-1].choices[0].finish_reason == "stop"
 
 
-def test_temperature_uses_sampling_path(served):
+def test_temperature_goes_through_dflash_and_dflash_false_is_plain(served):
+    """temperature > 0 is speculative sampling through DFlash (the engine's tests prove it keeps
+    the target's distribution); the request's seed gives the engine's own seeded run, and
+    "dflash": false gives plain sampling through mlx-lm with the same seed."""
     s = served
     ids = s.pair.encode("hello", chat_template=False)
-    *_, ref = s.worker.call(lambda: list(sample_generate(s.pair, ids, 30, 1.0, None, 7, lambda: False)))
-    raw = s.client.completions.with_raw_response.create(model=MODEL, prompt="hello", max_tokens=30, temperature=1.0, seed=7)
-    r = raw.parse()
-    assert raw.headers["x-dflash-path"] == "sampling"
-    assert r.choices[0].text == s.pair.decode([t for t in ref.tokens if t not in s.pair.eos_ids])
-    assert r.usage.completion_tokens == len(ref.tokens)
-    assert metric_values(s)["dflash_requests_total[outcome=length][path=sampling]"] >= 1
+    sampling = Sampling(1.0, 0.9, 7)
+    *_, ours = s.worker.call(lambda: list(s.pair.dflash(ids, 30, sampling=sampling)))
+    *_, plain = s.worker.call(lambda: list(s.pair.baseline(ids, 30, sampling=sampling)))
+    for extra, path, ref in (({}, "dflash", ours), ({"dflash": False}, "plain", plain)):
+        raw = s.client.completions.with_raw_response.create(model=MODEL, prompt="hello", max_tokens=30, temperature=1.0,
+                                                             top_p=0.9, seed=7, extra_body=extra)
+        r = raw.parse()
+        assert raw.headers["x-dflash-path"] == path
+        assert r.choices[0].text == s.pair.decode([t for t in ref.tokens if t not in s.pair.eos_ids])
+        assert r.usage.completion_tokens == len(ref.tokens)
+        assert metric_values(s)[f"dflash_requests_total[outcome=length][path={path}]"] >= 1
+    assert ours.cycles > 0 and ours.sampling == sampling
 
 
 def test_bad_requests_get_openai_errors(served):
@@ -340,9 +345,11 @@ def test_detokenizer_streams_exactly_the_full_text(scheme, step):
     ids = tok.encode(text).ids
     full = tok.decode(ids)
     assert scheme != "byte-level" or full == text
-    detok, seen = Detokenizer(tok.decode, set()), []
+    detok, pieces = TextStream(tok), []
     for i in range(0, len(ids), step):
-        seen.append(detok.add(ids[i : i + step]))
-    assert seen[-1] == full
-    for partial in seen:  # what was complete stays as it was
-        assert full.startswith(partial.rstrip("\ufffd"))
+        pieces.append(detok.add(ids[i : i + step]))
+    pieces.append(detok.finish())
+    assert "".join(pieces) == full
+    assert not any("\ufffd" in p for p in pieces)  # no piece is half a character
+    if step == 1 and scheme == "byte-level":
+        assert "" in pieces  # some token was part of a character: it waited for the rest

@@ -76,6 +76,25 @@ def test_sampling_run_says_same_distribution_and_shows_the_draws(served, client)
     assert again["baseline"]["summary"]["tokens"] == run_json["baseline"]["summary"]["tokens"]
 
 
+def test_eight_visitors_at_once_each_get_what_a_solo_run_gives(served):
+    """Eight gradio clients (eight browser sessions) press Run at the same moment, on two prompts:
+    the runs queue on the one MLX worker and each gets exactly its prompt's solo output."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [PROMPT, "def merge_sorted(a, b):\n"]
+
+    def outputs(prompt):
+        run_json = exported(run(Client(served[0], verbose=False), served[1], prompt=prompt))
+        assert run_json["lossless"]["verdict"] == "identical"
+        return run_json["baseline"]["summary"]["tokens"], run_json["dflash"]["summary"]["tokens"]
+
+    solo = [outputs(p) for p in prompts]
+    assert solo[0] != solo[1]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda i: outputs(prompts[i % 2]), range(8)))
+    assert together == [solo[i % 2] for i in range(8)]
+
+
 def test_verify_threshold_leaves_unsure_guesses_unverified_and_output_identical(served, client):
     """At threshold 1 the target checks only the first guess of every cycle: the rest of each
     block shows as unverified, and the output is still plain greedy's."""

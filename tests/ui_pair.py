@@ -40,6 +40,16 @@ def pin_draft(target_dir: Path, draft_dir: Path, prompt: str, max_tokens: int):
     mx.save_safetensors(str(draft_dir / "model.safetensors"), weights)
 
 
+def pinned_random_pair(root: Path):
+    """(target dir, draft dir, loaded Pair): a random qwen3 pair with its draft pinned, for the
+    server's tests."""
+    target = write_target(root / "target", "qwen3", seed=3)
+    draft = write_draft(root / "draft", target, layers=1, seed=4)
+    worker = default_worker()
+    worker.call(pin_draft, target, draft, PROMPT, MAX_TOKENS)
+    return target, draft, worker.call(load_pair, str(target), str(draft))
+
+
 def playground_pair(root: Path):
     """(model, draft) for build_app: the shipped default pair, or a pinned random pair."""
     if SHIPPED_TARGET.exists():

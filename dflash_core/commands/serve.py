@@ -1,7 +1,7 @@
 """serve: the OpenAI-compatible API, Prometheus metrics and the playground in one process."""
 import socket
 
-from ..argtypes import positive_int
+from ..argtypes import count, positive_int
 from ..errors import DFlashError
 from ..loading import DEFAULT_PAIR
 from ..worker import default_worker
@@ -17,6 +17,19 @@ def add_parser(sub):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=positive_int, default=8000, help="default 8000")
     p.add_argument("--no-playground", action="store_true", help="serve the API only, without the UI at /")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1 (the playground asks for KEY as its password; "
+                        "/health and /metrics stay open)")
+    p.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN",
+                   help="web origins whose pages may call the API from a browser (CORS), e.g. "
+                        "https://app.example.com, or * for any (default: none)")
+    # defaults: the server's own (not imported here: the server's packages load slowly for --help)
+    p.add_argument("--max-tokens", type=positive_int, metavar="N",
+                   help="new tokens for a request that gives no max_tokens (default 256; clipped to the room "
+                        "left in the context)")
+    p.add_argument("--max-queue", type=count, metavar="N",
+                   help="requests that may wait behind the one generating; more are answered 429 with "
+                        "Retry-After (default 64)")
     p.set_defaults(func=run)
 
 
@@ -40,6 +53,9 @@ def run(args) -> int:
     playground = None if args.no_playground else {"model": args.model or DEFAULT_PAIR, "draft": args.draft}
     log(f"serving {pair.name} as '{model_id}' on http://{args.host}:{args.port} "
         "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /metrics.json"
-        + ("" if args.no_playground else ", the playground at /") + ")")
-    serve(pair, model_id, args.host, args.port, playground=playground)
+        + ("" if args.no_playground else ", the playground at /") + ")"
+        + (" with an API key" if args.api_key else ""))
+    given = {"max_queue": args.max_queue, "max_tokens": args.max_tokens}
+    serve(pair, model_id, args.host, args.port, playground=playground, api_key=args.api_key,
+          allowed_origins=args.allowed_origins, **{k: v for k, v in given.items() if v is not None})
     return 0
