@@ -28,7 +28,7 @@ PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "examp
 # time taken from the run it measures. The colored cycles, charts and inspector are drawn once the
 # engines have finished.
 MAX_TEMPERATURE = 1.5
-FRAME_S = 0.25  # at most 4 page updates a second while an engine runs
+FRAME_S = 0.5  # at most 2 page updates a second while an engine runs
 KEEP_EXPORTS = 200  # run files kept for download on a long-running host
 MAX_REJECTED_SHOWN = 4  # rejected drafts shown per cycle in the colored pane (the rest as "+N")
 
@@ -167,7 +167,7 @@ class Playground:
                          sampling=Sampling(float(temperature), float(top_p), int(seed)) if float(temperature or 0) > 0 else None)
         view = RunView(pair)
         yield {**view.reset(ui), ui["status"]: render.info_html(f"prompt: {len(ids)} tokens · running the baseline …")}
-        last_frame = 0.0
+        last_frame, shown = 0.0, {}
         try:
             for run in compare(self.worker, pair, run, user_stop):
                 now = time.perf_counter()
@@ -175,7 +175,11 @@ class Playground:
                 if not stage_changed and run.stage in ("baseline", "dflash") and now - last_frame < FRAME_S:
                     continue
                 last_frame = now
-                yield view.frame(ui, run)
+                # only what changed goes to the browser: while DFlash is timed that is its text and
+                # its stats, so the page redraws as little as it can on the cores being measured
+                frame = {k: v for k, v in view.frame(ui, run).items() if shown.get(k) != v}
+                shown.update(frame)
+                yield frame
         except DFlashError as e:
             yield {ui["status"]: render.error_html(str(e))}
             return
@@ -450,8 +454,7 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                    ui["state"]]
         run_inputs = [prompt, model_key, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed]
         run_event = run_btn.click(play.run, run_inputs, outputs, concurrency_limit=concurrency,
-                                  concurrency_id="mlx", show_progress="minimal",
-                                  show_progress_on=[ui["status"]], api_name="run")
+                                  concurrency_id="mlx", show_progress="hidden", api_name="run")
         run_event.then(None, js=assets.RACE_JS)
         run_event.then(lambda shown, every: play.redraw_tokens(shown, True) if every else gr.skip(),
                        [ui["state"], all_rejected], [ui["d_out"]], queue=False, show_progress="hidden",
