@@ -39,6 +39,12 @@ block in one forward pass and keeps the longest prefix it agrees with, plus its 
 Every kept token is the target's own greedy choice, so the output is **identical** to plain
 decoding — just fewer target passes.
 
+**Sampling (temperature above 0).** The draft samples each proposal d from its distribution q;
+the target's pass gives its own p. Left to right, d is kept with probability min(1, p(d)/q(d));
+at the first rejection the replacement is drawn from max(0, p − q), renormalized, and when all are
+kept the next token is drawn from p. The text then follows the target's own sampling distribution
+exactly, as plain sampling would, though with a seed it is not the same text.
+
 **What you see.** The baseline runs first, alone; then DFlash runs alone on the same device
 (never at the same time). The race replays both on one clock from their recorded timestamps.
 In the DFlash pane, each cycle is one group: the <span class="tok tok-target">staged</span> token
