@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_p
+from mlx_lm.sample_utils import apply_top_p, make_sampler
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,6 @@ class Sampling:
 
     def sampler(self):
         """The same distribution as an mlx-lm sampler, for plain sampling (the baseline)."""
-        from mlx_lm.sample_utils import make_sampler
-
         return make_sampler(self.temperature, self.top_p if self.top_p < 1 else 0.0)
 
     def seed_draws(self):

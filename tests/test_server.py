@@ -3,6 +3,7 @@ server on a free localhost port. The pair is a small random target with its draf
 token the target falls into repeating (see ui_pair.pin_draft), so some proposals are accepted and
 the acceptance counters are checked against something that is not always zero. Every text the
 server returns is compared with a lone plain greedy run of the same prompt."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -31,12 +32,12 @@ SHIPPED_TARGET = SHIPPED[DEFAULT_PAIR][0]  # the GGUF that scripts/install.sh fe
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    target, draft, pair = pinned_random_pair(tmp_path_factory.mktemp("server-pair"))
-    worker = default_worker()
+@contextlib.contextmanager
+def serving(pinned, **options):
+    """A uvicorn server on a free loopback port over create_app(**options): its state (url, app)."""
+    app = create_app(pinned.pair, MODEL, **options)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(pair, MODEL), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
@@ -44,10 +45,20 @@ def served(tmp_path_factory):
         time.sleep(0.05)
     assert server.started, "uvicorn did not start"
     url = f"http://127.0.0.1:{port}"
-    yield SimpleNamespace(url=url, pair=pair, worker=worker, target=target, draft=draft,
-                          client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0))
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield SimpleNamespace(url=url, app=app, pair=pinned.pair, worker=pinned.worker,
+                              client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    target, draft, pair = pinned_random_pair(tmp_path_factory.mktemp("server-pair"))
+    with serving(SimpleNamespace(pair=pair, worker=default_worker())) as s:
+        s.target, s.draft = target, draft
+        yield s
 
 
 def greedy(s, prompt: str, max_tokens: int, chat: bool):

@@ -3,7 +3,6 @@ concurrent clients. The pair is test_server's pinned random pair; on it "hello" 
 max_tokens asked (no EOS), about 8 ms a token on 2 CPU cores, so a run of LONG tokens takes
 seconds and a cancelled one is plainly shorter. Every count and wait is bounded."""
 import asyncio
-import contextlib
 import json
 import threading
 import time
@@ -14,14 +13,12 @@ import dflash_core  # noqa: F401  (system BLAS before MLX)
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from dflash_core.server import create_app
 from dflash_core.worker import Worker, default_worker
-from test_server import greedy, metric_values
-from ui_pair import PROMPT, free_port, pinned_random_pair
+from test_server import MODEL, greedy, metric_values, serving
+from ui_pair import PROMPT, pinned_random_pair
 
-MODEL = "random-qwen3"
 LONG = 2000  # tokens: a run this long takes many seconds; a cancelled one stops within a cycle
 
 
@@ -29,27 +26,6 @@ LONG = 2000  # tokens: a run this long takes many seconds; a cancelled one stops
 def pinned(tmp_path_factory):
     _, _, pair = pinned_random_pair(tmp_path_factory.mktemp("load-pair"))
     return SimpleNamespace(pair=pair, worker=default_worker())
-
-
-@contextlib.contextmanager
-def serving(pinned, **options):
-    """A uvicorn server on a free loopback port over create_app(**options): its state (url, app)."""
-    app = create_app(pinned.pair, MODEL, **options)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    url = f"http://127.0.0.1:{port}"
-    try:
-        yield SimpleNamespace(url=url, app=app, pair=pinned.pair, worker=pinned.worker,
-                              client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0))
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @pytest.fixture(scope="module")

@@ -93,22 +93,17 @@ def split(data: bytes, at: int) -> list:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_stop_string_with_a_character_split_across_cycles(scripted, stream):
-    """'a中' is the stop string; 中 is three bytes. Wherever the cycle boundary falls, inside 中
-    included, the text ends just before 'a中'."""
+@pytest.mark.parametrize("text,stops,expected", [
+    # 'a中' is the stop string and 中 is three bytes: the text ends just before 'a中'
+    ("xya中bc", ["a中"], ("xy", "stop")),
+    # characters split over two cycles come out whole
+    ("é中😀 ok", ["never"], ("é中😀 ok", "length")),
+])
+def test_characters_split_across_cycles(scripted, stream, text, stops, expected):
+    """Wherever the cycle boundary falls, inside a multi-byte character included."""
     pair, client = scripted
-    data = "xya中bc".encode()
+    data = text.encode()
     for at in range(1, len(data)):
         pair.cycles = split(data, at)
-        text, finish, _ = ask(client, ["a中"], stream)
-        assert (text, finish) == ("xy", "stop"), f"cycle boundary before byte {at}"
-
-
-@pytest.mark.parametrize("stream", [False, True])
-def test_text_with_a_character_split_across_cycles_comes_out_whole(scripted, stream):
-    pair, client = scripted
-    data = "é中😀 ok".encode()
-    for at in range(1, len(data)):
-        pair.cycles = split(data, at)
-        text, finish, _ = ask(client, ["never"], stream)
-        assert (text, finish) == ("é中😀 ok", "length"), f"cycle boundary before byte {at}"
+        got, finish, _ = ask(client, stops, stream)
+        assert (got, finish) == expected, f"cycle boundary before byte {at}"
