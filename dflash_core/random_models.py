@@ -8,7 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from .draft import DraftConfig, DraftModel, default_target_layer_ids
+from .draft import DraftConfig, DraftModel
 from .tokenizer import EOS, IM_END, MASK, save_tokenizer, train_bpe
 from .train_target import build_model, model_config
 
@@ -22,9 +22,9 @@ SHAPES = {
 
 
 def _corpus() -> list:
-    import collections, json as j, textwrap  # any stdlib sources do; these are always present
+    import collections, textwrap  # any stdlib sources do; these are always present
 
-    return [inspect.getsource(m) for m in (collections, j, textwrap)]
+    return [inspect.getsource(m) for m in (collections, json, textwrap)]
 
 
 def target_config(family: str, vocab: int, eos: list, hidden=64, layers=4, tie=False,
@@ -59,23 +59,7 @@ def write_draft(out: Path, target_dir: Path, layers: int = 2, block_size: int = 
     tcfg = json.loads((Path(target_dir) / "config.json").read_text())
     tok = json.loads((Path(target_dir) / "tokenizer.json").read_text())
     mask_id = next(t["id"] for t in tok["added_tokens"] if t["content"] == MASK)
-    n_target = tcfg["num_hidden_layers"]
-    cfg = DraftConfig(
-        hidden_size=tcfg["hidden_size"],
-        num_hidden_layers=layers,
-        intermediate_size=tcfg["intermediate_size"],
-        num_attention_heads=tcfg["num_attention_heads"],
-        num_key_value_heads=tcfg["num_key_value_heads"],
-        head_dim=tcfg["head_dim"],
-        vocab_size=tcfg["vocab_size"],
-        target_layer_ids=default_target_layer_ids(n_target, layers) if n_target > 4 else [n_target // 2],
-        mask_token_id=mask_id,
-        block_size=block_size,
-        num_target_layers=n_target,
-        rope_theta=tcfg.get("rope_theta", 10000.0),
-        max_position_embeddings=tcfg["max_position_embeddings"],
-    )
-    d = cfg.to_dict()
+    d = DraftConfig.for_target(tcfg, layers, mask_id, block_size).to_dict()
     d.update(config_overrides or {})
     mx.random.seed(seed)
     draft = DraftModel(DraftConfig.from_dict(d))

@@ -29,12 +29,12 @@ from mlx.utils import tree_flatten
 
 from .argtypes import count, positive_int, probability
 from .backend import DTYPES
-from .draft import DraftConfig, DraftModel, default_target_layer_ids
+from .corpus import read_corpus, stdlib_dir, top_level_prompts, with_renamed_names
+from .draft import DraftConfig, DraftModel
 from .engine import baseline_generate, dflash_generate
 from .errors import DFlashError
 from .target import Target
-from .train_target import (lr_at, progress_bar, read_corpus, stdlib_dir, top_level_prompts, value_and_master_grad,
-                           with_renamed_names)
+from .training import Run, count_params, make_step, write_weights
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -269,44 +269,35 @@ def teacher_logits(head, final_hidden, anchors, seq_of_block, block_size: int):
     return mx.stop_gradient(head(h).astype(mx.float32))
 
 
-def make_draft_config(model, tokenizer, layers: int, block_size: int, mask_token: str = "<|mask|>",
-                      intermediate: int = None, target_layer_ids: list = None) -> DraftConfig:
-    """A draft shaped like the target's layers: same hidden size, heads and head dim."""
-    args = Target._text_owner(model).args  # qwen3_5 nests the text model's args
-    get = lambda k, d=None: getattr(args, k, d)
-    n_target = len(model.layers)
-    mask_id = tokenizer.convert_tokens_to_ids(mask_token) if hasattr(tokenizer, "convert_tokens_to_ids") else None
+def new_draft(model, tokenizer, args) -> DraftModel:
+    """A draft shaped like the target's layers (DraftConfig.for_target), its output norm starting
+    from the target's final norm: the draft's hidden state goes through the target's LM head,
+    which was trained on that norm's scale."""
+    mask_id = tokenizer.convert_tokens_to_ids(args.mask_token) if hasattr(tokenizer, "convert_tokens_to_ids") else None
     if mask_id is None or mask_id == getattr(tokenizer, "unk_token_id", -1):
-        raise DFlashError(f"the target's tokenizer has no '{mask_token}' token; give --mask-token (a reserved special token)")
-    bad = [i for i in target_layer_ids or [] if not 0 <= i < n_target]
+        raise DFlashError(f"the target's tokenizer has no '{args.mask_token}' token; give --mask-token (a reserved special token)")
+    n_target = len(model.layers)
+    bad = [i for i in args.target_layers or [] if not 0 <= i < n_target]
     if bad:
         raise DFlashError(f"--target-layers {bad} are outside the target's {n_target} layers (0..{n_target - 1})")
-    hidden = get("hidden_size")
-    heads = get("num_attention_heads")
-    rope = get("rope_parameters") or {}
-    return DraftConfig(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        intermediate_size=intermediate or get("intermediate_size"),
-        num_attention_heads=heads,
-        num_key_value_heads=get("num_key_value_heads", heads),
-        head_dim=get("head_dim") or hidden // heads,
-        vocab_size=get("vocab_size"),
-        target_layer_ids=target_layer_ids
-        or (default_target_layer_ids(n_target, layers) if n_target > 4 else [n_target // 2]),
-        mask_token_id=int(mask_id),
-        block_size=block_size,
-        num_target_layers=n_target,
-        rms_norm_eps=get("rms_norm_eps", 1e-6),
-        rope_theta=rope.get("rope_theta", get("rope_theta", 10000.0)),
-        max_position_embeddings=get("max_position_embeddings", 4096),
-    )
-
-
-def init_from_target(draft: DraftModel, model):
-    """Start the output norm from the target's final norm: the draft's hidden state goes through
-    the target's LM head, which was trained on that norm's scale."""
+    target_args = vars(Target._text_owner(model).args)  # qwen3_5 nests the text model's args
+    cfg = DraftConfig.for_target(target_args, args.layers, mask_id, args.block_size, args.intermediate,
+                                 args.target_layers)
+    mx.random.seed(args.seed)
+    draft = DraftModel(cfg)
     draft.norm.weight = Target.text_model(model).norm.weight.astype(mx.float32)
+    return draft
+
+
+def resumed_draft(model, args) -> DraftModel:
+    """--resume: the draft to continue from (its shape, taps and mask id win), in float32, grown
+    by --add-layers."""
+    from .loading import check_fit, load_draft
+
+    draft = load_draft(Path(args.resume))
+    draft.set_dtype(mx.float32)
+    check_fit(model, draft, len(model.layers))
+    return add_layers(draft, args.add_layers) if args.add_layers else draft
 
 
 def add_layers(draft: DraftModel, n: int) -> DraftModel:
@@ -328,25 +319,13 @@ SHARD_BYTES = 12 << 20  # weight files stay small enough to travel back from a G
 
 def save_draft(draft: DraftModel, out: Path, dtype=mx.float16):
     """Public DFlash format: config.json + model.safetensors (fc, hidden_norm, layers.N.*, norm);
-    a draft over SHARD_BYTES is split into model-0000k-of-0000n.safetensors (the loader reads all)."""
+    a draft over SHARD_BYTES is split into model-0000k-of-0000n.safetensors shards with an index."""
     out.mkdir(parents=True, exist_ok=True)
-    shards, size = [{}], 0
-    for k, v in tree_flatten(draft.parameters()):
-        v = v.astype(dtype)
-        if shards[-1] and size + v.nbytes > SHARD_BYTES:
-            shards.append({})
-            size = 0
-        shards[-1][k] = v
-        size += v.nbytes
-    for old in out.glob("model*.safetensors"):
-        old.unlink()
-    for i, shard in enumerate(shards, 1):
-        name = "model.safetensors" if len(shards) == 1 else f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        mx.save_safetensors(str(out / name), shard, metadata={"format": "mlx"})
+    write_weights(out, {k: v.astype(dtype) for k, v in tree_flatten(draft.parameters())}, SHARD_BYTES)
     (out / "config.json").write_text(json.dumps(draft.config.to_dict(), indent=2))
 
 
-def acceptance(target: Target, draft: DraftModel, prompts: list, max_new: int, eos: set) -> float:
+def tokens_per_cycle(target: Target, draft: DraftModel, prompts: list, max_new: int, eos: set) -> float:
     """Mean tokens per cycle of the real engine loop over the prompts (committed / cycles)."""
     tokens = cycles = 0
     for ids in prompts:
@@ -433,176 +412,181 @@ def write_data(args, log=print):
 
 
 def train(args, log=print) -> dict:
+    """Train a draft for --target and write it to --out (again at every evaluation); returns the
+    summary that goes to training.json."""
     t_start = time.time()
-    model, tokenizer = load_frozen_target(str(args.target))
-    eos = set(tokenizer.eos_token_ids)
-    if args.resume:  # continue from an earlier checkpoint: its shape, taps and mask id
-        from .loading import check_fit, load_draft
-
-        draft = load_draft(Path(args.resume))
-        draft.set_dtype(mx.float32)
-        check_fit(model, draft, len(model.layers))
-        if args.add_layers:
-            draft = add_layers(draft, args.add_layers)
-        cfg = draft.config
-    else:
-        cfg = make_draft_config(model, tokenizer, args.layers, args.block_size, args.mask_token,
-                                args.intermediate, args.target_layers)
-        mx.random.seed(args.seed)
-        draft = DraftModel(cfg)
-        init_from_target(draft, model)
-    B = cfg.block_size
+    model, tokenizer = load_frozen_target(args.target)
+    draft = resumed_draft(model, args) if args.resume else new_draft(model, tokenizer, args)
+    cfg, B = draft.config, draft.config.block_size
     target = Target(model, cfg.target_layer_ids)
     log(f"target {args.target}: {target.num_layers} layers; draft taps {cfg.target_layer_ids}, "
         f"{cfg.num_hidden_layers} layer(s), block {B}, mask id {cfg.mask_token_id}")
 
+    # data: the target's own continuations; --val-sequences of them are never trained on: their
+    # loss tells overfitting (train loss falls, this one does not) from a draft too small to learn more
     prompts, responses, eval_prompts = training_data(args, model, tokenizer, log)
+    eos = set(tokenizer.eos_token_ids)
     data = Sequences(prompts, responses, pad_id=min(eos))
     t_data = time.time() - t_start
     n_resp = int((data.end - data.start).sum())
     log(f"data: {len(data)} sequences, {n_resp:,} response tokens, length {data.length}, {t_data:.0f}s")
-    # --val-sequences: sequences the draft never trains on; their loss (same anchors each time)
-    # tells overfitting (train loss falls, this one does not) from a draft too small to learn more
     n_val = min(args.val_sequences, len(data) // 2)
     split = np.random.default_rng(args.seed + 1).permutation(len(data))
     val_rows, train_rows = np.sort(split[:n_val]), np.sort(split[n_val:])
 
-    n_params = sum(v.size for _, v in tree_flatten(draft.parameters()))
-    # --compute-dtype bfloat16: the forward and backward run in 16 bits (a second, 16-bit copy of
-    # the frozen target gives taps, embeddings and head; a 16-bit working copy of the draft is
-    # refreshed from the float32 master weights every step); the optimizer updates the masters.
-    # The engine's evaluation and the saved draft use the float32 ones.
+    # the training forward: --compute-dtype bfloat16 runs it in 16 bits (a 16-bit copy of the frozen
+    # target gives taps, embeddings and head; a 16-bit working copy of the draft is refreshed from
+    # the float32 master weights every step); the engine's evaluation and the saved draft use the masters
     low = DTYPES[args.compute_dtype]
-    # --distill also needs the target's last layer (its logits come from there): recorded after the taps
-    n_taps, last = len(cfg.target_layer_ids), target.num_layers - 1
-    recorded = cfg.target_layer_ids + ([last] if args.distill and last not in cfg.target_layer_ids else [])
-    if low == mx.float32 and recorded == cfg.target_layer_ids:
-        work_target = target
-    else:
-        work_target = Target(model if low == mx.float32 else load_frozen_target(str(args.target), low)[0], recorded)
+    work_target = training_target(args, model, target, low)
     work = draft if low == mx.float32 else DraftModel(cfg)
-    head = work_target.head
-    embed = work_target.embed
-    weights_k = mx.array([math.exp(-(k - 1) / loss_gamma(B)) for k in range(1, B)])
-
-    cached_taps = None
-    if args.cache_taps:  # the target is frozen: its taps can be computed once for all epochs
-        per_tap = [[] for _ in recorded]
-        for r in range(0, len(data), 64):
-            taps = tapped_hidden(work_target, mx.array(data.ids[r : r + 64]))
-            mx.eval(taps)
-            for chunks, t in zip(per_tap, taps):
-                chunks.append(t)
-        cached_taps = []
-        for k in range(len(per_tap)):  # one tap at a time, freeing its chunks: peak ~(1 + 1/taps) x the cache
-            cached_taps.append(mx.concatenate(per_tap[k]))
-            mx.eval(cached_taps[-1])
-            per_tap[k] = None
-        log(f"cached the target's taps for {len(data)} sequences")
-
-    def taps_of(rows):
-        """The draft's taps for these sequences; with --distill, then the target's normed final
-        hidden state (normed out here: MLX's compiled step refused the target's norm inside it)."""
-        if cached_taps is None:
-            taps = tapped_hidden(work_target, mx.array(data.ids[rows]))
-        else:
-            taps = [t[mx.array(rows)] for t in cached_taps]
-        if args.distill:
-            return taps[:n_taps] + [work_target.inner.norm(taps[recorded.index(last)])]
-        return taps
-
-    def validation_loss() -> float:
-        """On the greedy tokens alone (whatever --distill is), so runs compare."""
-        rng, total, weight = np.random.default_rng(0), 0.0, 0.0
-        for r in range(0, n_val, args.batch_size):
-            rows = val_rows[r : r + args.batch_size]
-            block_ids, flat, seq_of_block, labels, weights, _ = make_batch(data, rows, args.anchors, cfg, weights_k, rng)
-            loss = draft_loss(draft, head, taps_of(rows)[:n_taps], embed(mx.array(block_ids)), mx.array(flat),
-                              mx.array(seq_of_block), mx.array(labels), weights)
-            w = weights.sum().item()
-            total, weight = total + loss.item() * w, weight + w
-        return total / max(weight, 1e-6)
+    blocks = Blocks(data, work_target, cfg, args.anchors, args.distill > 0, args.cache_taps, log)
+    opt = optim.AdamW(learning_rate=0.0, weight_decay=args.weight_decay)
+    state = [draft.state, opt.state]
+    step = make_step(draft, work, low, opt, block_loss(work_target.head, cfg, args.distill), state, args.compile)
 
     steps_per_epoch = math.ceil(len(train_rows) / args.batch_size)
     total = args.epochs * steps_per_epoch
-    opt = optim.AdamW(learning_rate=0.0, weight_decay=args.weight_decay)
-    state = [draft.state, opt.state]
+    run = Run(total, args.minutes, args.lr, args.log_every, log, unit="block tok", steps_per_epoch=steps_per_epoch)
+    rng = np.random.default_rng(args.seed)
+    batches = shuffled_batches(train_rows, args.batch_size, rng)
+    history, out = [], Path(args.out)  # the evaluations; where the draft is written
 
-    def step(taps, block_embeds, anchors, seq_of_block, labels, weights):
-        teacher = teacher_logits(head, taps[n_taps], anchors, seq_of_block, B) if args.distill else None
-        loss, grads = value_and_master_grad(
-            draft, work, low, lambda d: draft_loss(d, head, taps[:n_taps], block_embeds, anchors, seq_of_block,
-                                                   labels, weights, teacher, args.distill))
-        grads, _ = optim.clip_grad_norm(grads, 1.0)
-        opt.update(draft, grads)
-        return loss
-
-    if args.compile:
-        step = mx.compile(step, inputs=state, outputs=state)
-    nrng = np.random.default_rng(args.seed)
-    history, losses, t0, seen, i = [], [], time.time(), 0, 0
-    out = Path(args.out)
-
-    def evaluate(tag):
-        tau = acceptance(target, draft, eval_prompts[: args.eval_prompts], args.eval_tokens, eos)
-        history.append({"step": i, "tau": round(tau, 3), "loss": round(float(np.mean(losses[-50:])), 4) if losses else None})
+    def evaluate(tag: str) -> float:
+        """The engine's tokens per cycle on the held-out prompts (and the held-out sequences' loss)."""
+        tau = tokens_per_cycle(target, draft, eval_prompts[: args.eval_prompts], args.eval_tokens, eos)
+        history.append({"step": run.step, "tau": round(tau, 3),
+                        "loss": round(float(np.mean(run.losses[-50:])), 4) if run.losses else None})
         val = ""
         if n_val:
-            history[-1]["val_loss"] = round(validation_loss(), 4)
+            history[-1]["val_loss"] = round(validation_loss(draft, blocks, val_rows, args.batch_size), 4)
             val = f"; loss on {n_val} held-out sequences {history[-1]['val_loss']:.3f}"
-        log(f"{tag}: step {i}/{total}, engine tokens per cycle {tau:.2f} on {min(len(eval_prompts), args.eval_prompts)} held-out prompts{val}")
+        run.log(f"{tag}: step {run.step}/{total}, engine tokens per cycle {tau:.2f} on "
+                f"{min(len(eval_prompts), args.eval_prompts)} held-out prompts{val}")
         return tau
 
-    budget = args.minutes * 60 if args.minutes else None
-    done = False
-    for epoch in range(args.epochs):
-        order = nrng.permutation(train_rows)
-        for s in range(steps_per_epoch):
-            progress = (time.time() - t0) / budget if budget else i / total
-            if progress >= 1:
-                done = True
-                break
-            rows = order[s * args.batch_size : (s + 1) * args.batch_size]
-            block_ids, flat, seq_of_block, labels, weights, n_blocks = make_batch(
-                data, rows, args.anchors, cfg, weights_k, nrng)
-            opt.learning_rate = lr_at(progress, args.lr)
-            loss = step(taps_of(rows), embed(mx.array(block_ids)), mx.array(flat), mx.array(seq_of_block),
-                        mx.array(labels), weights)
-            mx.eval(loss, state)
-            if i == 0:  # the schedule and the rate start after the first step (graph compile, kernel JIT)
-                t0 = time.time()
-            else:
-                seen += n_blocks * B
-            losses.append(loss.item())
-            i += 1
-            if i % args.log_every == 0:
-                el = max(time.time() - t0, 1e-3)
-                log(f"{progress_bar(progress)} epoch {epoch + 1} step {i} loss {np.mean(losses[-args.log_every:]):.3f} "
-                    f"lr {opt.learning_rate.item():.2e} {seen / el:,.0f} block tok/s {el:.0f}s")
-            if args.eval_every and i % args.eval_every == 0:
-                evaluate("eval")
-                save_draft(draft, out)
-        if done:
-            break
-    train_s = time.time() - t0
-    window = max(1, min(50, len(losses) // 4))  # loss at the start and at the end, smoothed
+    for lr in run:
+        opt.learning_rate = lr
+        inputs, n_blocks = blocks(next(batches), rng)
+        loss = step(*inputs)
+        mx.eval(loss, state)
+        run.record(loss.item(), n_blocks * B)
+        if run.due(args.eval_every):
+            evaluate("eval")
+            save_draft(draft, out)
+    train_seconds = run.seconds
     tau = evaluate("final")
     save_draft(draft, out)
+
+    window = max(1, min(50, len(run.losses) // 4))  # loss at the start and at the end, smoothed
     summary = {
-        "target": str(args.target), "layers": cfg.num_hidden_layers, "params": n_params, "block_size": B,
+        "target": str(args.target), "layers": cfg.num_hidden_layers, "params": count_params(draft), "block_size": B,
         "target_layer_ids": cfg.target_layer_ids, "sequences": len(train_rows), "val_sequences": n_val,
         "response_tokens": n_resp,
         "batch_size": args.batch_size, "anchors": args.anchors, "loss_gamma": loss_gamma(B),
-        "compute_dtype": args.compute_dtype, "distill": args.distill, "steps": i, "epochs_run": round(i / steps_per_epoch, 2),
-        "data_seconds": round(t_data),
-        "train_seconds": round(train_s), "final_loss": round(float(np.mean(losses[-window:])), 4),
-        "first_loss": round(float(np.mean(losses[:window])), 4),
+        "compute_dtype": args.compute_dtype, "distill": args.distill, "steps": run.step,
+        "epochs_run": round(run.step / steps_per_epoch, 2), "data_seconds": round(t_data),
+        "train_seconds": round(train_seconds), "final_loss": round(float(np.mean(run.losses[-window:])), 4),
+        "first_loss": round(float(np.mean(run.losses[:window])), 4),
         "eval_tau": round(tau, 3), "history": history,
     }
     if n_val:
         summary["val_loss"] = history[-1]["val_loss"]
-    (out / "training.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def training_target(args, model, target: Target, low) -> Target:
+    """The target the training forward reads: the engine's, or with --compute-dtype bfloat16 a
+    16-bit copy; with --distill it records its last layer too (after the taps: the teacher's
+    logits come from there)."""
+    last = target.num_layers - 1
+    recorded = target.tap_ids + ([last] if args.distill and last not in target.tap_ids else [])
+    if low == mx.float32 and recorded == target.tap_ids:
+        return target
+    return Target(model if low == mx.float32 else load_frozen_target(args.target, low)[0], recorded)
+
+
+def shuffled_batches(rows: np.ndarray, size: int, rng):
+    """Batches of `size` rows for ever: each epoch every row once, in a new order."""
+    while True:
+        order = rng.permutation(rows)
+        for s in range(0, len(order), size):
+            yield order[s : s + size]
+
+
+class Blocks:
+    """The inputs of a training step for some of the data's sequences: the target's taps (with
+    distill, then its normed final hidden state: the teacher), the anchors' blocks embedded by
+    the target, their labels and loss weights (see make_batch). The target is frozen: with
+    cache_taps its taps are computed once for all steps."""
+
+    def __init__(self, data: Sequences, target: Target, cfg: DraftConfig, n_anchors: int, distill: bool,
+                 cache_taps: bool, log=print):
+        self.data, self.target, self.cfg, self.n_anchors, self.distill = data, target, cfg, n_anchors, distill
+        self.n_taps = len(cfg.target_layer_ids)
+        B = cfg.block_size
+        self.weights_k = mx.array([math.exp(-(k - 1) / loss_gamma(B)) for k in range(1, B)])
+        self.cached = cached_taps(target, data.ids, log) if cache_taps else None
+
+    def taps(self, rows) -> list:
+        if self.cached is None:
+            taps = tapped_hidden(self.target, mx.array(self.data.ids[rows]))
+        else:
+            taps = [t[mx.array(rows)] for t in self.cached]
+        if self.distill:  # normed out here: MLX's compiled step refused the target's norm inside it
+            last = self.target.tap_ids.index(self.target.num_layers - 1)
+            return taps[: self.n_taps] + [self.target.inner.norm(taps[last])]
+        return taps
+
+    def __call__(self, rows, rng) -> tuple:
+        """(inputs of the step, how many of its blocks are real)."""
+        block_ids, anchors, seq_of_block, labels, weights, n_blocks = make_batch(
+            self.data, rows, self.n_anchors, self.cfg, self.weights_k, rng)
+        inputs = (self.taps(rows), self.target.embed(mx.array(block_ids)), mx.array(anchors),
+                  mx.array(seq_of_block), mx.array(labels), weights)
+        return inputs, n_blocks
+
+
+def cached_taps(target: Target, ids: np.ndarray, log=print) -> list:
+    """The target's taps for all the sequences (memory: sequences x length x hidden x taps)."""
+    per_tap = [[] for _ in target.tap_ids]
+    for r in range(0, len(ids), 64):
+        taps = tapped_hidden(target, mx.array(ids[r : r + 64]))
+        mx.eval(taps)
+        for chunks, t in zip(per_tap, taps):
+            chunks.append(t)
+    cached = []
+    for k in range(len(per_tap)):  # one tap at a time, freeing its chunks: peak ~(1 + 1/taps) x the cache
+        cached.append(mx.concatenate(per_tap[k]))
+        mx.eval(cached[-1])
+        per_tap[k] = None
+    log(f"cached the target's taps for {len(ids)} sequences")
+    return cached
+
+
+def block_loss(head, cfg: DraftConfig, distill: float):
+    """loss(draft, *inputs of Blocks) for make_step: draft_loss, with distill > 0 against the
+    teacher that ends the taps too."""
+    n_taps = len(cfg.target_layer_ids)
+
+    def loss(draft, taps, block_embeds, anchors, seq_of_block, labels, weights):
+        teacher = teacher_logits(head, taps[n_taps], anchors, seq_of_block, cfg.block_size) if distill else None
+        return draft_loss(draft, head, taps[:n_taps], block_embeds, anchors, seq_of_block, labels, weights,
+                          teacher, distill)
+
+    return loss
+
+
+def validation_loss(draft, blocks: Blocks, rows, batch_size: int) -> float:
+    """The loss on these sequences, on the greedy tokens alone (whatever --distill is, so runs
+    compare), with the same anchors every time."""
+    loss = block_loss(blocks.target.head, blocks.cfg, 0.0)
+    rng, total, weight = np.random.default_rng(0), 0.0, 0.0
+    for r in range(0, len(rows), batch_size):
+        inputs, _ = blocks(rows[r : r + batch_size], rng)
+        w = inputs[-1].sum().item()
+        total, weight = total + loss(draft, *inputs).item() * w, weight + w
+    return total / max(weight, 1e-6)
 
 
 def add_arguments(p):

@@ -6,15 +6,9 @@ lines of a file and the assistant's reply is the code that follows them, so the 
 `Pair.encode(prompt)` (chat template on) with a plausible continuation of the prompt's code.
 """
 import argparse
-import builtins
 import json
-import keyword
-import math
 import random
-import re
-import sysconfig
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -22,114 +16,14 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 from .argtypes import count, positive_int, probability
 from .backend import DTYPES
+from .corpus import read_corpus, renamed_copies, stdlib_dir, top_level_prompts
 from .errors import DFlashError
 from .tokenizer import EOS, IM_END, IM_START, save_tokenizer, train_bpe
-
-SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
-HELDOUT_EVERY = 20  # one file in 20 (by a hash of its path) is never trained on
-
-
-# ---------------------------------------------------------------------------- corpus
-
-
-def stdlib_dir() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def source_files(root: Path) -> list:
-    """The *.py files under root, without test suites and installed packages."""
-    files = []
-    for f in sorted(Path(root).rglob("*.py")):
-        rel = f.relative_to(root)
-        if SKIP_DIRS & set(rel.parts[:-1]) or rel.name.startswith("test_"):
-            continue
-        files.append(f)
-    return files
-
-
-def is_heldout(rel: str) -> bool:
-    return zlib.crc32(rel.encode()) % HELDOUT_EVERY == 0
-
-
-def read_corpus(root: Path) -> tuple:
-    """(train, heldout): lists of (relative path, text), split by a stable hash of the path."""
-    train, heldout = [], []
-    for f in source_files(root):
-        try:
-            text = f.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        if len(text) < 200:
-            continue
-        rel = str(f.relative_to(root))
-        (heldout if is_heldout(rel) else train).append((rel, text))
-    return train, heldout
-
-
-def top_level_prompts(text: str, rng: random.Random, n: int, max_lines: int = 8) -> list:
-    """Prompts a user might type: 1..max_lines lines starting at a top-level def/class/statement."""
-    lines = text.splitlines()
-    starts = [i for i, l in enumerate(lines) if l[:1].isalpha() or l[:1] == "@"]
-    out = []
-    for s in rng.sample(starts, min(n, len(starts))):
-        k = rng.randint(1, max_lines)
-        prompt = "\n".join(lines[s : s + k]).rstrip()
-        if len(prompt) >= 8 and s + k < len(lines):
-            out.append(prompt)
-    return out
-
-
-_NAME = r"[A-Za-z_]\w*"
-_NAMES = rf"{_NAME}(?:\s*,\s*{_NAME})*"
-_BINDINGS = [  # where Python code names things: def/class, parameters, assignments, for, as
-    re.compile(rf"\b(?:def|class)\s+({_NAME})"),
-    re.compile(rf"^\s*({_NAMES})\s*=[^=]", re.M),
-    re.compile(rf"\bfor\s+({_NAMES})\s+in\b"),
-    re.compile(rf"\bas\s+({_NAME})"),
-]
-_PARAMS = re.compile(r"\bdef\s+\w+\s*\(([^)]*)\)")
-_KEEP = set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | {"self", "cls"}
-
-
-def bound_names(text: str) -> set:
-    """The names a piece of code chooses itself (not keywords, builtins, dunders, attributes, or
-    one-letter names, which double as words and string prefixes)."""
-    found = {n for pat in _BINDINGS for m in pat.finditer(text) for n in re.findall(_NAME, m[1])}
-    found |= {p.strip(" *").split(":")[0].split("=")[0].strip() for m in _PARAMS.finditer(text)
-              for p in m[1].split(",")}
-    return {n for n in found if len(n) > 1 and re.fullmatch(_NAME, n) and n not in _KEEP and not n.startswith("__")}
-
-
-def with_renamed_names(texts: list, fraction: float, rng: random.Random) -> list:
-    """A share of the texts with their own names swapped (consistently within a text, also in
-    its docstrings) for names other texts chose. Users write new code, not the corpus: renamed
-    code is code no model saw, which teaches copying names from the context over recalling them.
-    Attribute names after a dot stay, so `x.append` and `os.path.join` keep meaning what they mean."""
-    if fraction <= 0:
-        return texts
-    style = lambda n: (n.isupper(), n[:1].isupper())  # CONSTANT, ClassName or snake_case
-    names_of = [bound_names(t) for t in texts]
-    pools = {}
-    for n in sorted(set().union(*names_of)):
-        pools.setdefault(style(n), []).append(n)
-    out = []
-    for text, own in zip(texts, names_of):
-        names = sorted(own) if rng.random() < fraction else ()
-        taken, swap = set(re.findall(_NAME, text)), {}
-        for n in names:  # a name the text does not use yet, in the style of the old one
-            new = next((c for c in (rng.choice(pools[style(n)]) for _ in range(8)) if c not in taken), n)
-            swap[n] = new
-            taken.add(new)
-        if swap:
-            # not after a dot (attribute), a backslash (escape) or ! (f-string conversion), nor
-            # before a quote (string prefix)
-            text = re.sub(rf"(?<![\w.\\!]){_NAME}(?![\w'\"])", lambda m: swap.get(m[0], m[0]), text)
-        out.append(text)
-    return out
+from .training import Run, count_params, make_step, write_weights
 
 
 # ---------------------------------------------------------------------------- samples
@@ -277,17 +171,10 @@ def set_residual_dropout(model, p: float):
         layers[i] = ResidualDropout(plain, p) if p > 0 else plain
 
 
-def count_params(model) -> int:
-    return sum(v.size for _, v in tree_flatten(model.parameters()))
-
-
 def lm_loss(model, inputs, targets, mask):
     logits = model(inputs).astype(mx.float32)
     ce = nn.losses.cross_entropy(logits, targets, reduction="none")
     return (ce * mask).sum() / mask.sum()
-
-
-SHARD_BYTES = 16 * 2**20  # weight files stay small enough for any git host
 
 
 def save_model(model, cfg: dict, out: Path, dtype=mx.float16):
@@ -295,51 +182,6 @@ def save_model(model, cfg: dict, out: Path, dtype=mx.float16):
     out.mkdir(parents=True, exist_ok=True)
     write_weights(out, {k: v.astype(dtype) for k, v in tree_flatten(model.parameters())})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-
-
-def write_weights(out: Path, weights: dict, max_shard_bytes: int = SHARD_BYTES):
-    """model.safetensors, or model-0000k-of-0000n.safetensors shards + model.safetensors.index.json
-    when larger than max_shard_bytes (the Hugging Face layout, which mlx-lm reads)."""
-    shards, size = [{}], 0
-    for name, w in weights.items():
-        if shards[-1] and size + w.nbytes > max_shard_bytes:
-            shards, size = shards + [{}], 0
-        shards[-1][name] = w
-        size += w.nbytes
-    n = len(shards)
-    files = ["model.safetensors"] if n == 1 else [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
-    for old in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
-        old.unlink(missing_ok=True)  # an earlier save may have had another shard count
-    for file, shard in zip(files, shards):
-        mx.save_safetensors(str(out / file), shard, metadata={"format": "mlx"})
-    if n > 1:
-        index = {"metadata": {"total_size": sum(w.nbytes for w in weights.values())},
-                 "weight_map": {name: file for file, shard in zip(files, shards) for name in shard}}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-
-
-def progress_bar(progress: float, width: int = 20) -> str:
-    done = int(min(max(progress, 0.0), 1.0) * width)
-    return f"[{'#' * done}{'.' * (width - done)}] {100 * min(progress, 1.0):3.0f}%"
-
-
-def value_and_master_grad(master, work, low, loss):
-    """loss(work) and its gradient w.r.t. master's trainable weights, with `work` holding those
-    weights cast to `low` (bfloat16: 16-bit forward and backward, float32 master weights for the
-    optimizer). With low float32, work is master itself and this is plain value_and_grad."""
-    def of(params):
-        work.update(tree_map(lambda w: w.astype(low), params))
-        return loss(work)
-
-    return mx.value_and_grad(of)(master.trainable_parameters())
-
-
-def lr_at(progress: float, peak: float, warmup: float = 0.04, floor: float = 0.1) -> float:
-    """Linear warm-up, then cosine decay to floor * peak; progress in [0, 1]."""
-    if progress < warmup:
-        return peak * progress / warmup
-    t = min(1.0, (progress - warmup) / (1 - warmup))
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
 def check_shape(args):
@@ -362,110 +204,93 @@ def train(args, log=print) -> dict:
     t_start = time.time()
     check_shape(args)
     out = Path(args.out)
+
+    # data: the corpus, a tokenizer trained on it, samples cut from it
     root = Path(args.corpus) if args.corpus else stdlib_dir()
     train_docs, heldout_docs = read_corpus(root)
     if not train_docs:
         raise DFlashError(f"no Python files to train on under '{root}'")
     log(f"corpus: {root}: {len(train_docs)} training files, {len(heldout_docs)} held out")
-
     tok = train_bpe((t for _, t in train_docs), args.vocab_size)
     ids = save_tokenizer(tok, out)
-    vocab = tok.get_vocab_size()
-    cfg = model_config(args.arch, vocab, [ids[EOS], ids[IM_END]], args.hidden, args.layers,
-                       args.heads, args.kv_heads, args.intermediate, args.max_positions)
     sample_docs = train_docs  # + renamed copies; the tokenizer above saw only the real files
     if args.renamed_copies:
-        texts = [t for _, t in train_docs] * args.renamed_copies
-        sample_docs = train_docs + [(f"{r} (renamed)", t) for (r, _), t in
-                                    zip(train_docs * args.renamed_copies, with_renamed_names(texts, 1.0, random.Random(args.seed)))]
+        sample_docs = train_docs + renamed_copies(train_docs, args.renamed_copies, random.Random(args.seed))
         log(f"+ {args.renamed_copies} renamed cop{'y' if args.renamed_copies == 1 else 'ies'} of each training file")
     maker = SampleMaker(tok, sample_docs, args.seq_len, args.chat_fraction, args.seed)
     held = SampleMaker(tok, heldout_docs or train_docs[:5], args.seq_len, args.chat_fraction, args.seed + 1)
     val_batches = [held.batch(args.batch_size) for _ in range(4)]
+    vocab = tok.get_vocab_size()
     log(f"tokenizer: {vocab} tokens; {maker.num_tokens:,} training tokens")
 
+    # model: float32 master weights; with --compute-dtype bfloat16 a 16-bit working copy
+    cfg = model_config(args.arch, vocab, [ids[EOS], ids[IM_END]], args.hidden, args.layers,
+                       args.heads, args.kv_heads, args.intermediate, args.max_positions)
     mx.random.seed(args.seed)
     model = build_model(cfg)
     n_params = count_params(model)
     log(f"model: {args.arch}, {n_params / 1e6:.2f}M parameters")
-    opt = optim.AdamW(learning_rate=0.0, weight_decay=args.weight_decay, betas=[0.9, 0.95])
-    state = [model.state, opt.state]
-
     low = DTYPES[args.compute_dtype]
     work = model if low == mx.float32 else build_model(cfg)
     for m in (model, work):  # the same model twice in float32: wrapping is idempotent
         set_residual_dropout(m, args.dropout)
-    if args.dropout:
-        state.append(mx.random.state)  # the compiled step draws the dropout masks
 
-    def step(inputs, targets, mask):
-        loss, grads = value_and_master_grad(model, work, low, lambda m: lm_loss(m, inputs, targets, mask))
-        grads, _ = optim.clip_grad_norm(grads, 1.0)
-        opt.update(model, grads)
-        return loss
+    opt = optim.AdamW(learning_rate=0.0, weight_decay=args.weight_decay, betas=[0.9, 0.95])
+    state = [model.state, opt.state] + ([mx.random.state] if args.dropout else [])  # the step draws dropout masks
+    step = make_step(model, work, low, opt, lm_loss, state, args.compile)
 
-    if args.compile:
-        step = mx.compile(step, inputs=state, outputs=state)
-    def evaluate():
-        model.eval()  # no dropout
-        loss = sum(lm_loss(model, *b).item() for b in val_batches) / len(val_batches)
-        model.train()
-        return loss
-
-    budget = args.minutes * 60 if args.minutes else None
-    t0, seen, i, losses = time.time(), 0, 0, []
-    best = (float("inf"), 0, None)
-    while True:
-        progress = (time.time() - t0) / budget if budget else i / args.steps
-        if progress >= 1:
-            break
-        opt.learning_rate = lr_at(progress, args.lr)
-        batch = maker.batch(args.batch_size)
-        loss = step(*batch)
+    run = Run(None if args.minutes else args.steps, args.minutes, args.lr, args.log_every, log)
+    best = (float("inf"), 0, None)  # (held-out loss, step, weights): a small corpus is soon memorised
+    for lr in run:
+        opt.learning_rate = lr
+        loss = step(*maker.batch(args.batch_size))
         mx.eval(loss, state)
-        if i == 0:  # the schedule starts after the first step (graph compile, kernel JIT)
-            t0 = time.time()
-        seen += args.batch_size * args.seq_len
-        losses.append(loss.item())
-        i += 1
-        if i % args.log_every == 0:
-            el = max(time.time() - t0, 1e-3)
-            log(f"{progress_bar(progress)} step {i} loss {sum(losses[-args.log_every:]) / args.log_every:.3f} "
-                f"lr {opt.learning_rate.item():.2e} {seen / el:,.0f} tok/s {el:.0f}s")
-        if args.eval_every and i % args.eval_every == 0:
-            val = evaluate()
-            log(f"step {i} held-out loss {val:.3f}")
-            if val < best[0]:  # a small corpus: keep the weights that generalise best
-                best = (val, i, tree_flatten(model.parameters()))
-    train_s = time.time() - t0
-    val = evaluate()
-    if args.keep == "best" and val > best[0]:
-        val, best_step, params = best
-        model.update(tree_unflatten(params))
-        log(f"keeping step {best_step}'s weights (held-out loss {val:.3f})")
-    else:
-        best_step = i
-    log(f"done: {i} steps, {seen:,} tokens, {train_s:.0f}s, held-out loss {val:.3f}")
-    low_loss, low_step = min(best[:2], (val, i))
+        run.record(loss.item(), args.batch_size * args.seq_len)
+        if run.due(args.eval_every):
+            val = heldout_loss(model, val_batches)
+            run.log(f"step {run.step} held-out loss {val:.3f}")
+            if val < best[0]:
+                best = (val, run.step, tree_flatten(model.parameters()))
+    train_seconds = run.seconds
 
+    val, kept_step = heldout_loss(model, val_batches), run.step
+    lowest = min(best[:2], (val, run.step))
+    if args.keep == "best" and val > best[0]:
+        val, kept_step, params = best
+        model.update(tree_unflatten(params))
+        log(f"keeping step {kept_step}'s weights (held-out loss {val:.3f})")
+    log(f"done: {run.step} steps, {run.tokens:,} tokens, {train_seconds:.0f}s, held-out loss {val:.3f}")
     set_residual_dropout(model, 0)
     save_model(model, cfg, out)
-    rng = random.Random(args.seed)
+    write_eval_prompts(out, train_docs, heldout_docs, args.seed)
+    return {
+        "arch": args.arch, "params": n_params, "vocab": vocab, "steps": run.step, "kept_step": kept_step,
+        "tokens": run.tokens, "train_seconds": round(train_seconds), "total_seconds": round(time.time() - t_start),
+        "final_train_loss": round(float(np.mean(run.losses[-20:])), 4),
+        "heldout_loss": round(val, 4), "keep": args.keep, "renamed_copies": args.renamed_copies, "dropout": args.dropout,
+        "lowest_heldout_loss": {"loss": round(lowest[0], 4), "step": lowest[1]}, "corpus": str(root),
+        "corpus_tokens": maker.num_tokens, "train_files": len(train_docs), "heldout_files": len(heldout_docs),
+        "seq_len": args.seq_len, "compute_dtype": args.compute_dtype, "config": cfg,
+    }
+
+
+def heldout_loss(model, batches: list) -> float:
+    model.eval()  # no dropout
+    loss = sum(lm_loss(model, *b).item() for b in batches) / len(batches)
+    model.train()
+    return loss
+
+
+def write_eval_prompts(out: Path, train_docs: list, heldout_docs: list, seed: int):
+    """eval_prompts.json: prompts cut from the held-out files and from a sample of the training
+    files, to tell generalising from remembering."""
+    rng = random.Random(seed)
     prompts = {
         "heldout": [p for _, t in heldout_docs for p in top_level_prompts(t, rng, 3)],
         "train": [p for _, t in rng.sample(train_docs, min(40, len(train_docs))) for p in top_level_prompts(t, rng, 1)],
         "heldout_files": [r for r, _ in heldout_docs],
     }
     (out / "eval_prompts.json").write_text(json.dumps(prompts, indent=1))
-    return {
-        "arch": args.arch, "params": n_params, "vocab": vocab, "steps": i, "kept_step": best_step, "tokens": seen,
-        "train_seconds": round(train_s), "total_seconds": round(time.time() - t_start),
-        "final_train_loss": round(sum(losses[-20:]) / max(1, len(losses[-20:])), 4),
-        "heldout_loss": round(val, 4), "keep": args.keep, "renamed_copies": args.renamed_copies, "dropout": args.dropout,
-        "lowest_heldout_loss": {"loss": round(low_loss, 4), "step": low_step}, "corpus": str(root), "corpus_tokens": maker.num_tokens,
-        "train_files": len(train_docs), "heldout_files": len(heldout_docs), "seq_len": args.seq_len,
-        "compute_dtype": args.compute_dtype, "config": cfg,
-    }
 
 
 def add_arguments(p):

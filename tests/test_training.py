@@ -73,7 +73,7 @@ def test_large_weights_are_sharded_and_load_the_same(tmp_path, trained):
     and this project's loader read them back to the same logits."""
     from mlx_lm.utils import load
 
-    from dflash_core.train_target import write_weights
+    from dflash_core.training import write_weights
 
     target, _ = trained
     sharded = tmp_path / "sharded"
@@ -304,7 +304,7 @@ def test_renamed_names_are_consistent_and_keep_the_code_valid(corpus):
     import random
     import tokenize
 
-    from dflash_core.train_target import with_renamed_names
+    from dflash_core.corpus import with_renamed_names
 
     texts = [f.read_text() for f in sorted(corpus.glob("*.py"))]
     assert with_renamed_names(texts, 0.0, random.Random(0)) == texts
