@@ -5,6 +5,7 @@ import importlib
 import os
 import sys
 
+from . import distributed
 from .errors import DFlashError
 
 # command modules, in the order `--help` lists them
@@ -38,10 +39,12 @@ def main(argv=None, parser=None) -> int:
     """Parse argv with `parser` (default: every command's) and run the chosen command."""
     args = None
     try:
+        distributed.quiet_unless_primary()  # under mlx.launch every rank runs this: rank 0 speaks
         args = (parser or build_parser()).parse_args(argv)
         return args.func(args) or 0
     except DFlashError as e:
         print(f"error: {e}", file=sys.stderr)
+        distributed.give_rank_0_time()
         return 2
     except (MemoryError, RuntimeError) as e:
         if isinstance(e, RuntimeError) and not any(s in str(e) for s in OUT_OF_MEMORY):

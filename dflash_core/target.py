@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import mlx.core as mx
+from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from .errors import DFlashError
@@ -98,7 +99,9 @@ class Target:
         self.model = model
         owner = self._text_owner(model)
         self.inner = owner.model  # embed_tokens, layers, norm
-        self.head = getattr(owner, "lm_head", None) or self.inner.embed_tokens.as_linear
+        head = getattr(owner, "lm_head", None) or self.inner.embed_tokens.as_linear
+        group = getattr(owner, "sharding_group", None)  # mlx-lm splits qwen3_5's LM head by vocabulary
+        self.head = head if group is None else lambda h: gather_last_axis(head(h), group)
         self.layers = model.layers
         self.tap_ids = list(tap_ids)
         self.gdn_layers = []  # (cache index, GatedDeltaNet module, original recurrence)

@@ -1,6 +1,7 @@
 """serve: the OpenAI-compatible API, Prometheus metrics and the playground in one process."""
 import socket
 
+from .. import distributed
 from ..argtypes import count, positive_int
 from ..errors import DFlashError
 from ..loading import DEFAULT_PAIR
@@ -47,15 +48,31 @@ def _check_port(host: str, port: int):
 def run(args) -> int:
     from ..server import serve
 
-    _check_port(args.host, args.port)
-    pair = default_worker().call(load, args)  # the models belong to the worker thread
+    if distributed.primary():  # under mlx.launch only rank 0 serves HTTP
+        _check_port(args.host, args.port)
+    worker = default_worker()
+    pair = worker.call(load, args)  # the models belong to the worker thread
+    if not distributed.primary():
+        worker.call(distributed.follow, pair)  # run what rank 0 runs, until it stops serving
+        return 0
+    grouped = distributed.size() > 1
+    if grouped:
+        pair = distributed.Leader(pair)
     model_id = args.model or pair.name
-    playground = None if args.no_playground else {"model": args.model or DEFAULT_PAIR, "draft": args.draft}
+    # the playground loads pairs and runs engines of its own accord, which the other ranks of a
+    # group could not follow: a group serves the API alone
+    playground = (None if args.no_playground or grouped
+                  else {"model": args.model or DEFAULT_PAIR, "draft": args.draft})
     log(f"serving {pair.name} as '{model_id}' on http://{args.host}:{args.port} "
         "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /metrics.json"
-        + ("" if args.no_playground else ", the playground at /") + ")"
-        + (" with an API key" if args.api_key else ""))
+        + ("" if playground is None else ", the playground at /") + ")"
+        + (" with an API key" if args.api_key else "")
+        + (f"; the target is split across {distributed.size()} processes (no playground)" if grouped else ""))
     given = {"max_queue": args.max_queue, "max_tokens": args.max_tokens}
-    serve(pair, model_id, args.host, args.port, playground=playground, api_key=args.api_key,
-          allowed_origins=args.allowed_origins, **{k: v for k, v in given.items() if v is not None})
+    try:
+        serve(pair, model_id, args.host, args.port, playground=playground, api_key=args.api_key,
+              allowed_origins=args.allowed_origins, **{k: v for k, v in given.items() if v is not None})
+    finally:
+        if grouped:
+            worker.call(pair.close)
     return 0
