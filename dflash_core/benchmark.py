@@ -26,13 +26,15 @@ def _last(events):
 
 def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, block_size: int = None,
                   chat_template: bool = False, oracle: bool = False, sweep: list = (), log=print,
-                  min_confidence: float = None, confidence_sweep: list = (), sampling=None) -> dict:
+                  min_confidence: float = None, confidence_sweep: list = (), sampling=None,
+                  template_args: dict = None) -> dict:
     """With `sampling` (temperature > 0) the baseline is plain sampling and DFlash speculative
-    sampling, each run seeded alike: the outputs share a distribution, not tokens."""
+    sampling, each run seeded alike: the outputs share a distribution, not tokens. `template_args`:
+    the chat template's extra arguments (e.g. thinking on)."""
     block_size = pair.block_size if block_size is None else block_size
     if min_confidence is None:
         min_confidence = backend.default_min_confidence()
-    encoded = [pair.encode(p, chat_template) for p in prompts]
+    encoded = [pair.encode(p, chat_template, template_args=template_args) for p in prompts]
     for ids in encoded:
         pair.check_request(ids, max_tokens, block_size)
     for b in sweep:
@@ -76,6 +78,8 @@ def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, b
         "config": {
             "model": pair.name, "max_tokens": max_tokens, "repeat": repeat, "block_size": block_size,
             "min_confidence": min_confidence, "prompts": prompts, "chat_template": chat_template,
+            "template_args": template_args or {}, "draft_quant": pair.draft_quant,
+            "memory_mb": {k: round(v / 2**20, 1) for k, v in pair.memory().items()},
             "oracle": oracle, "sweep": list(sweep), "confidence_sweep": list(confidence_sweep),
             "temperature": sampling.temperature if sampling else 0.0, "top_p": sampling.top_p if sampling else 1.0,
             "seed": sampling.seed if sampling else None,

@@ -61,6 +61,33 @@ class DraftConfig:
             sliding_window=cfg.get("sliding_window"),
         )
 
+    @classmethod
+    def for_target(cls, target: dict, num_layers: int, mask_token_id: int, block_size: int = 16,
+                   intermediate_size: int = None, target_layer_ids: list = None) -> "DraftConfig":
+        """A new draft shaped like the target's layers (hidden size, heads, head dim, RoPE base),
+        reading the target layers the published spacing rule picks unless target_layer_ids says
+        which. target: the target's text-model config (config.json, or mlx-lm's args as a dict)."""
+        n_target = target["num_hidden_layers"]
+        heads = target["num_attention_heads"]
+        rope = target.get("rope_parameters") or {}
+        return cls(
+            hidden_size=target["hidden_size"],
+            num_hidden_layers=num_layers,
+            intermediate_size=intermediate_size or target["intermediate_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=target.get("num_key_value_heads") or heads,
+            head_dim=target.get("head_dim") or target["hidden_size"] // heads,
+            vocab_size=target["vocab_size"],
+            target_layer_ids=list(target_layer_ids or (default_target_layer_ids(n_target, num_layers)
+                                                       if n_target > 4 else [n_target // 2])),
+            mask_token_id=int(mask_token_id),
+            block_size=block_size,
+            num_target_layers=n_target,
+            rms_norm_eps=target.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", target.get("rope_theta", 10000.0)),
+            max_position_embeddings=target.get("max_position_embeddings", 4096),
+        )
+
     def to_dict(self) -> dict:
         """The public config.json layout, readable by other DFlash ports."""
         d = {
@@ -191,6 +218,28 @@ class DraftModel(nn.Module):
         for layer, (k, v) in zip(self.layers, ctx_kv):
             h = layer(h, k, v, offset, _window_mask(layer, offset, h.shape[1], k))
         return self.norm(h)
+
+
+QUANT_GROUP = 64  # MLX's default group size: a quantized layer's input size must be a multiple of it
+
+
+def quantize_draft(draft: DraftModel, bits: int) -> list:
+    """Quantize the draft's linear layers in place (MLX affine, 4 or 8 bits), for memory. The draft
+    only proposes and the target verifies every token, so the output stays the target's own; only
+    acceptance can change. A layer whose input size is not a multiple of the group size cannot be
+    quantized by MLX and keeps full precision: returns those layers' names."""
+    kept = []
+
+    def quantizable(path: str, module) -> bool:
+        if not isinstance(module, nn.Linear):
+            return False
+        if module.weight.shape[-1] % QUANT_GROUP:
+            kept.append(path)
+            return False
+        return True
+
+    nn.quantize(draft, group_size=QUANT_GROUP, bits=bits, class_predicate=quantizable)
+    return kept
 
 
 def _window_mask(layer: DraftLayer, offset: int, block_len: int, ctx_k) -> Optional[mx.array]:

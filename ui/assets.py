@@ -56,6 +56,8 @@ CSS = """
   background: rgba(244, 63, 94, 0.1); }
 .error-panel b { display: block; margin-bottom: 2px; }
 .info-panel { padding: 8px 12px; border-radius: 8px; background: rgba(99, 102, 241, 0.1); font-size: 13px; }
+.warning-panel { margin-top: 6px; padding: 8px 12px; border-radius: 8px; border: 1px solid rgba(245, 158, 11, 0.55);
+  background: rgba(245, 158, 11, 0.12); font-size: 13px; }
 .race { padding: 4px 0; }
 .race-head { font-size: 13px; opacity: 0.8; margin-bottom: 6px; }
 .race-head .clock { font-weight: 700; font-variant-numeric: tabular-nums; }
@@ -131,7 +133,7 @@ RACE_JS = """
 
 # Builds a permalink for the current settings, copies it when the browser allows, and shows it.
 COPY_LINK_JS = """
-(prompt, maxTokens, blockSize, chat, minConfidence, temperature, topP, seed) => {
+(prompt, maxTokens, blockSize, chat, minConfidence, temperature, topP, seed, thinking) => {
   const u = new URL(window.location.href);
   u.search = '';
   u.searchParams.set('prompt', prompt);
@@ -139,6 +141,7 @@ COPY_LINK_JS = """
   u.searchParams.set('block_size', blockSize);
   u.searchParams.set('chat', chat ? '1' : '0');
   u.searchParams.set('min_confidence', minConfidence);
+  if (thinking) u.searchParams.set('thinking', '1');
   if (temperature > 0) {
     u.searchParams.set('temperature', temperature);
     u.searchParams.set('top_p', topP);

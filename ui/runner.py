@@ -20,6 +20,8 @@ class Comparison:
     hybrid: bool = False
     min_confidence: float = None  # None: the backend's default
     sampling: Sampling = None  # None: greedy, both engines; else plain vs speculative sampling, seeded alike
+    thinking: bool = False  # the chat template's thinking mode was on
+    draft_quant: int = None  # bits of the draft's quantized linear layers; None: as stored
     stage: str = "queued"  # baseline | dflash | check | done
     baseline: list = field(default_factory=list)  # TokenEvents
     baseline_summary: RunSummary = None
@@ -45,7 +47,8 @@ class Comparison:
             "prompt": self.prompt,
             "prompt_ids": self.prompt_ids,
             "settings": {"max_tokens": self.max_tokens, "block_size": self.block_size,
-                         "chat_template": self.chat_template,
+                         "chat_template": self.chat_template, "thinking": self.thinking,
+                         "draft_quant": self.draft_quant,
                          "min_confidence": self.dflash_summary.min_confidence if self.dflash_summary else None,
                          "temperature": self.sampling.temperature if self.sampling else 0.0,
                          "top_p": self.sampling.top_p if self.sampling else 1.0,

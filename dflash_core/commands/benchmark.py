@@ -3,11 +3,12 @@ import argparse
 import json
 from pathlib import Path
 
+from .. import distributed
 from ..argtypes import positive_int, probability, whole_number
 from ..benchmark import load_prompts, run_benchmark
 from ..errors import DFlashError
-from .common import (add_block_size_args, add_min_confidence_arg, add_pair_args, add_sampling_args, block_size, load,
-                     log, sampling_of)
+from .common import (add_block_size_args, add_chat_template_args, add_min_confidence_arg, add_pair_args,
+                     add_sampling_args, block_size, chat_template_of, load, log, sampling_of)
 
 
 def add_parser(sub):
@@ -19,8 +20,7 @@ def add_parser(sub):
     p.add_argument("--max-tokens", "-m", type=whole_number, default=256)
     p.add_argument("--repeat", type=positive_int, default=3)
     add_block_size_args(p)
-    p.add_argument("--chat-template", action=argparse.BooleanOptionalAction,
-                   help="wrap prompts in the chat template (default: on for chat models, off for the stdlib pair)")
+    add_chat_template_args(p)
     add_min_confidence_arg(p)
     add_sampling_args(p)
     p.add_argument("--oracle", action="store_true", help="also run an oracle draft (the target's own continuation): the ceiling at full acceptance")
@@ -58,17 +58,20 @@ def run(args) -> int:
     sampling = sampling_of(args)
     if sampling and args.oracle:
         raise DFlashError("--oracle replays greedy decoding: drop it, or use --temperature 0")
+    if args.chat_template_args is not None and args.chat_template is False:
+        raise DFlashError("--chat-template-args go through the chat template: drop --no-chat-template")
     given = args.prompt is not None or args.prompts is not None
     prompts = load_prompts(args.prompt, args.prompts) if given else None  # a bad file is reported before the model loads
     pair = load(args)
-    chat = pair.chat_default if args.chat_template is None else args.chat_template
+    chat = chat_template_of(args, pair)
     prompts = prompts or load_prompts(chat=chat)  # the default prompts depend on the pair
     res = run_benchmark(pair, prompts, args.max_tokens, args.repeat, block_size(args, pair), chat,
                         args.oracle, sweep, log=log, min_confidence=args.min_confidence,
-                        confidence_sweep=levels, sampling=sampling)
-    if args.save:
+                        confidence_sweep=levels, sampling=sampling, template_args=args.chat_template_args)
+    res["config"]["group"] = distributed.describe()  # the processes the target was split across
+    if args.save and distributed.primary():
         Path(args.save).write_text(json.dumps(res, indent=2))
-    if args.plot:
+    if args.plot and distributed.primary():
         from ..plots import save_benchmark_figure
 
         save_benchmark_figure(res, args.plot)

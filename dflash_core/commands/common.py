@@ -4,15 +4,39 @@ import argparse
 import json
 import sys
 
+from .. import distributed
 from ..argtypes import positive_int, probability, temperature, top_p
 from ..errors import DFlashError
-from ..loading import load_pair
+from ..loading import DRAFT_QUANT_BITS, load_pair
 
 
 def add_pair_args(p):
     p.add_argument("--model", help="target: local mlx-lm dir, hub id, or a shipped pair's name (default: the shipped pair)")
     p.add_argument("--draft", "--draft-model", dest="draft",
                    help="DFlash draft: local dir or hub id (default: the registry's draft for --model)")
+    p.add_argument("--draft-quant", type=int, choices=DRAFT_QUANT_BITS, metavar="{4,8}",
+                   help="quantize the draft's linear layers to 4 or 8 bits at load, for memory; the output "
+                        "stays the same, acceptance may change (default: as stored)")
+
+
+def add_chat_template_args(p):
+    """One default everywhere: prompts go through the chat template when the model has one (not
+    for the stdlib pair, which completes code); thinking stays off unless turned on."""
+    p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap prompts in the chat template (default: on for chat models, off for the stdlib pair)")
+    p.add_argument("--ignore-chat-template", dest="chat_template", action="store_false", default=None,
+                   help="mlx-lm's name for --no-chat-template")
+    p.add_argument("--chat-template-args", "--chat-template-config", type=json_object, metavar="JSON",
+                   help="extra arguments for the chat template, e.g. '{\"enable_thinking\": true}' to let a "
+                        "Qwen3 / Qwen3.5 model think first (thinking is off unless turned on here)")
+
+
+def chat_template_of(args, pair) -> bool:
+    """Whether prompts go through the chat template: --chat-template / --no-chat-template, else the
+    pair's default (Pair.chat_default); --chat-template-args asks for it too."""
+    if args.chat_template is not None:
+        return args.chat_template
+    return pair.chat_default or args.chat_template_args is not None
 
 
 def add_block_size_args(p):
@@ -49,8 +73,17 @@ def log(*args):
 
 
 def load(args):
+    """The pair the arguments name: a hub pair's sizes are said before it downloads (the hub's
+    progress bars follow on stderr), and a pair near the device's memory is warned about."""
     log(f"loading {args.model or 'the shipped default pair'} ...")
-    return load_pair(args.model, args.draft)
+    pair = distributed.loaded_everywhere(
+        lambda: load_pair(args.model, args.draft, draft_quant=args.draft_quant, log=log))
+    if args.draft_quant:
+        log(f"draft: {pair.draft_precision()}")
+    warning = pair.fit_warning()
+    if warning:
+        log(f"warning: {warning}")
+    return pair
 
 
 def add_min_confidence_arg(p):

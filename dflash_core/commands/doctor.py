@@ -1,20 +1,29 @@
-"""doctor: what MLX, device, BLAS and Hugging Face cache this machine uses."""
+"""doctor: what MLX, device, BLAS, memory and Hugging Face cache this machine uses, and the
+process group under mlx.launch."""
 import json
 
-from .. import backend
+from .. import backend, distributed, memory
 
 
 def add_parser(sub):
-    p = sub.add_parser("doctor", help="show MLX version, device, BLAS, HF cache and offline state")
+    p = sub.add_parser("doctor", help="show MLX version, device, BLAS, memory, HF cache and offline state")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    info = backend.describe()
+    info = {**backend.describe(), "group": distributed.describe()}
     if args.json:
-        print(json.dumps(info))
+        m = memory.device_memory()
+        print(json.dumps({**info, "memory_bytes": m["memory"], "working_set_bytes": m["working_set"],
+                          "working_set_source": m["source"]}))
     else:
-        for k, v in info.items():
-            print(f"{k:>10}: {v}")
+        for k, v in {**info, "group": _group_text(info["group"]), **memory.describe()}.items():
+            print(f"{k:>12}: {v}")
     return 0
+
+
+def _group_text(group: dict) -> str:
+    if group["backend"] is None:
+        return "one process (mlx.launch starts a group of several)"
+    return f"{group['size']} processes, {group['backend']} backend; this is rank {group['rank']}"

@@ -3,12 +3,13 @@ with the same seed)."""
 import json
 import sys
 
+from .. import distributed
 from ..argtypes import whole_number
 from ..errors import DFlashError
 from ..events import CycleEvent, RunSummary
 from ..tokenizer import TextStream
-from .common import (add_block_size_args, add_min_confidence_arg, add_pair_args, add_sampling_args, block_size,
-                     json_object, load, log, sampling_of)
+from .common import (add_block_size_args, add_chat_template_args, add_min_confidence_arg, add_pair_args,
+                     add_sampling_args, block_size, chat_template_of, load, log, sampling_of)
 
 
 def add_parser(sub):
@@ -16,15 +17,11 @@ def add_parser(sub):
     add_pair_args(p)
     p.add_argument("--prompt", "-p", required=True, help="the prompt; '-' reads it from stdin")
     p.add_argument("--system-prompt", help="a system message before the prompt (chat template)")
-    p.add_argument("--chat-template-args", "--chat-template-config", type=json_object, metavar="JSON",
-                   help="extra arguments for the chat template, e.g. '{\"enable_thinking\": true}' "
-                        "(thinking is off unless turned on here)")
+    add_chat_template_args(p)
     p.add_argument("--max-tokens", "-m", type=whole_number, default=256, help="most tokens to generate (default 256)")
     add_block_size_args(p)
     add_min_confidence_arg(p)
     add_sampling_args(p)
-    p.add_argument("--no-chat-template", "--ignore-chat-template", action="store_true",
-                   help="feed the prompt as raw text")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--compare-baseline", action="store_true",
                    help="also run plain decoding and compare (greedy: token for token; sampling: the same seed)")
@@ -36,14 +33,18 @@ TEMPLATE_ONLY = "--system-prompt and --chat-template-args go through the chat te
 
 def run(args) -> int:
     wants_template = args.system_prompt is not None or args.chat_template_args is not None
-    if wants_template and args.no_chat_template:
+    if wants_template and args.chat_template is False:
         raise DFlashError(f"{TEMPLATE_ONLY}: drop --no-chat-template")  # said before a long load
     sampling = sampling_of(args)
+    if args.prompt == "-" and distributed.size() > 1:
+        raise DFlashError("--prompt - reads stdin, which mlx.launch never closes: "
+                          "give the prompt itself (--prompt TEXT)")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt  # as mlx-lm reads it
     pair = load(args)
     if wants_template and not getattr(pair.tokenizer, "has_chat_template", False):
         raise DFlashError(f"{TEMPLATE_ONLY}, and this model has none")
-    ids = pair.encode(prompt, chat_template=not args.no_chat_template, system_prompt=args.system_prompt,
+    chat = chat_template_of(args, pair) or wants_template  # so does a system prompt
+    ids = pair.encode(prompt, chat_template=chat, system_prompt=args.system_prompt,
                       template_args=args.chat_template_args)
     stream = TextStream(pair.tokenizer, pair.eos_ids)  # the text view's output
     summary = None
@@ -55,7 +56,8 @@ def run(args) -> int:
             summary = ev
     if not args.json:
         print(stream.finish(), end="", flush=True)
-    out = {"tokens": summary.tokens, "text": pair.text(summary.tokens), "stats": summary.stats()}
+    out = {"tokens": summary.tokens, "text": pair.text(summary.tokens), "stats": summary.stats(),
+           "draft_quant": pair.draft_quant, "memory_mb": {k: round(v / 2**20, 1) for k, v in pair.memory().items()}}
     if args.compare_baseline:
         base = list(pair.baseline(ids, args.max_tokens, sampling=sampling))[-1]
         out["baseline"] = {"tokens": base.tokens, "decode_tps": round(base.decode_tps, 2)}

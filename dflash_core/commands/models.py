@@ -1,35 +1,54 @@
-"""`models`: the targets with a known draft, offline (nothing is downloaded)."""
+"""`models`: the targets with a known draft and what each weighs. Sizes come from the cache for what
+is downloaded, from the hub's file listing for the rest (nothing is downloaded), and are unknown
+offline for what is not in the cache."""
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..hub import RepoSize, local_size, size
+from ..loading import SHIPPED
+from ..memory import gb
 from ..registry import known_pairs
 
 
 def add_parser(sub):
-    p = sub.add_parser("models", help="list the known target -> draft pairs",
-                       description="List the known target -> draft pairs. Quantized conversions of a "
-                                   "base (e.g. mlx-community/Qwen3-4B-4bit) resolve to its draft.")
+    p = sub.add_parser("models", help="list the known target -> draft pairs and their download sizes",
+                       description="List the known target -> draft pairs with their download sizes (from the "
+                                   "Hugging Face cache, else the hub's file listing; HF_HUB_OFFLINE=1 asks only the "
+                                   "cache). Other quantized conversions of a base (e.g. mlx-community/Qwen3-4B-8bit) "
+                                   "resolve to its draft too.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
 
-def _downloaded(repo: str) -> bool:
-    """Whether the hub cache already holds this repo's config (no network)."""
-    from huggingface_hub import try_to_load_from_cache
+def _on_disk(path: Path) -> RepoSize:
+    if not path.exists():  # SmolLM2's GGUF before scripts/install.sh
+        return RepoSize(str(path), None, None, "missing")
+    return RepoSize(str(path), local_size(path), 0, "disk")
 
-    return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+
+def _text(s: RepoSize) -> str:
+    if s.source == "missing":
+        return "not here: run scripts/install.sh"
+    return f"{gb(s.total)} on disk" if s.source == "disk" else s.text()
 
 
 def run(args) -> int:
-    rows = []
-    for target, draft, kind in known_pairs():
-        have = _downloaded(draft) if kind == "hub" else Path(draft).is_dir()
-        rows.append({"target": target, "draft": draft, "kind": kind, "draft_local": have})
+    pairs = known_pairs()
+    repos = sorted({r for p in pairs if p.kind != "shipped" for r in (p.target, p.draft)})
+    with ThreadPoolExecutor(8) as pool:  # one listing request per repository, at once
+        sizes = dict(zip(repos, pool.map(size, repos)))
+    for name, (target, draft) in SHIPPED.items():
+        sizes[name], sizes[str(draft)] = _on_disk(target), _on_disk(draft)
+    rows = [{"base": p.base, "target": p.target, "draft": p.draft, "kind": p.kind, "gated": p.gated,
+             "target_size": vars(sizes[p.target]), "draft_size": vars(sizes[p.draft])} for p in pairs]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    width = max(len(r["target"]) for r in rows)
-    print(f"{'target':<{width}}  {'kind':<7}  {'local':<6}  draft")
-    for r in rows:
-        print(f"{r['target']:<{width}}  {r['kind']:<7}  {'yes' if r['draft_local'] else 'no':<6}  {r['draft']}")
+    table = [("base", "kind", "target", "target size", "draft", "draft size")]
+    table += [(r["base"], r["kind"] + (" (gated)" if r["gated"] else ""), r["target"], _text(sizes[r["target"]]),
+               r["draft"], _text(sizes[r["draft"]])) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)) + "  " + row[-1])
     return 0
