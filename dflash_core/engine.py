@@ -3,10 +3,10 @@ import time
 from typing import Callable, Iterator, Optional
 
 import mlx.core as mx
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generate_step, generation_stream
 
 from .draft import DraftContext, DraftModel
-from .events import CycleEvent, Divergence, RunSummary, TokenEvent
+from .events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent
 from .sampling import Sampling, point_mass, sample, speculative_accept
 from .target import Target
 
@@ -67,7 +67,7 @@ def dflash_generate(
     first = target.prefill(prompt_ids, on_taps=ctx.extend)
     staged = sample(sampling.probabilities(first)) if sampling else mx.argmax(first).item()
     t0 = time.perf_counter()
-    tokens, per_pos, drafted_total, accepted_total = [], [0] * (B - 1), 0, 0
+    tokens, tally = [], CycleTally(B)
     stop, cycle = None, 0
     while stop is None:
         # draft: one forward over [staged, MASK x (B-1)] proposes B-1 tokens
@@ -117,11 +117,7 @@ def dflash_generate(
         stop = _finish(tokens, committed, max_tokens, eos_ids)
         if stop is None and should_stop():
             stop = "cancelled"
-        drafted_total += verified
-        accepted_total += a
-        for k in range(a):
-            per_pos[k] += 1
-        yield CycleEvent(
+        event = CycleEvent(
             cycle=cycle,
             staged_token=committed[0],
             drafted=drafted,
@@ -138,6 +134,8 @@ def dflash_generate(
             t=t_rollback - t0,
             draws=draws,
         )
+        tally.add(event)
+        yield event
         cycle += 1
     yield RunSummary(
         engine="dflash",
@@ -149,10 +147,10 @@ def dflash_generate(
         peak_memory_mb=mx.get_peak_memory() / 2**20,
         block_size=B,
         min_confidence=min_confidence,
-        cycles=cycle,
-        drafted_tokens=drafted_total,
-        accepted_tokens=accepted_total,
-        accepted_per_position=per_pos,
+        cycles=tally.cycles,
+        drafted_tokens=tally.drafted_tokens,
+        accepted_tokens=tally.accepted_tokens,
+        accepted_per_position=tally.accepted_per_position,
         sampling=sampling,
     )
 
@@ -187,6 +185,10 @@ def baseline_generate(
             stop = "cancelled"
             break
     t_end = time.perf_counter()
+    # generate_step has already started the step after the last token: let it finish, so that the
+    # next run starts with nothing in flight (a sharded target's all-reduces from two runs at once
+    # would pair different tensors on different processes)
+    mx.synchronize(generation_stream)
     t0 = t0 or t_end
     yield RunSummary(
         engine="baseline" if sampling is None else "sampling",

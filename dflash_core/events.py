@@ -37,6 +37,53 @@ class CycleEvent:
 
 
 @dataclass
+class CycleTally:
+    """The running statistics of a DFlash run, kept one cycle at a time: the engine's summary and
+    the page's live figures both come from here."""
+
+    block_size: int
+    cycles: int = 0
+    committed_tokens: int = 0
+    drafted_tokens: int = 0  # proposals the target verified
+    accepted_tokens: int = 0
+    accepted_per_position: list = None  # k=1..B-1: cycles accepting >= k
+
+    def __post_init__(self):
+        if self.accepted_per_position is None:
+            self.accepted_per_position = [0] * (self.block_size - 1)
+
+    def add(self, ev: CycleEvent) -> "CycleTally":
+        self.cycles += 1
+        self.committed_tokens += len(ev.committed)
+        self.drafted_tokens += ev.verified
+        self.accepted_tokens += ev.accepted_len
+        for k in range(ev.accepted_len):
+            self.accepted_per_position[k] += 1
+        return self
+
+    @classmethod
+    def of(cls, cycles: list) -> "CycleTally":
+        tally = cls(cycles[0].block_size if cycles else 0)
+        for ev in cycles:
+            tally.add(ev)
+        return tally
+
+    @property
+    def tokens_per_cycle(self) -> float:
+        return self.committed_tokens / self.cycles if self.cycles else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted (vLLM's definition; not dflash-mlx's 1 - 1/tau)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list:
+        """Fraction of cycles whose draft was accepted at block position k = 1..B-1."""
+        return [n / self.cycles for n in self.accepted_per_position] if self.cycles else []
+
+
+@dataclass
 class TokenEvent:
     """One baseline (plain greedy) token."""
 
@@ -47,7 +94,7 @@ class TokenEvent:
 
 @dataclass
 class RunSummary:
-    engine: str  # "dflash" | "baseline" (plain greedy) | "sampling" (plain sampling)
+    engine: str  # "dflash" | "baseline" (plain greedy decoding) | "sampling" (plain sampling)
     prompt_tokens: int
     tokens: list  # generated ids after the prompt, EOS included if hit
     prefill_s: float
@@ -73,18 +120,21 @@ class RunSummary:
         return (self.generated - 1) / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
+    def tally(self) -> CycleTally:
+        return CycleTally(self.block_size, self.cycles, self.generated, self.drafted_tokens, self.accepted_tokens,
+                          self.accepted_per_position)
+
+    @property
     def tokens_per_cycle(self) -> float:
-        return self.generated / self.cycles if self.cycles else 0.0
+        return self.tally.tokens_per_cycle
 
     @property
     def acceptance_rate(self) -> float:
-        """accepted / drafted (vLLM's definition; not dflash-mlx's 1 - 1/tau)."""
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+        return self.tally.acceptance_rate
 
     @property
     def acceptance_by_position(self) -> list:
-        """Fraction of cycles whose draft was accepted at block position k = 1..B-1."""
-        return [n / self.cycles for n in self.accepted_per_position] if self.cycles else []
+        return self.tally.acceptance_by_position
 
     def stats(self) -> dict:
         out = {

@@ -2,7 +2,7 @@
 import json
 from html.parser import HTMLParser
 
-from dflash_core.events import CycleEvent, Divergence, RunSummary, TokenEvent
+from dflash_core.events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent
 from ui import charts, render
 
 # token id -> text for the synthetic events
@@ -184,7 +184,7 @@ def test_unverified_proposals_are_shown_apart_from_rejected_ones():
     assert row("cumulative product") == ["1", "0", "–", "–"]
     assert "<b>1</b> of 2 verified (2 unsure proposals not verified)" in markup
     assert "target read 3 tokens, not 5" in markup
-    assert render.dflash_extra(cycles=[part, bonus])[1][1] == "75%"  # 3 accepted of 4 verified
+    assert render.dflash_extra(CycleTally.of([part, bonus]))[1][1] == "75%"  # 3 accepted of 4 verified
 
 
 def test_verdicts_and_speedup():
@@ -216,11 +216,11 @@ def test_charts_from_events():
               cycle(2, 1, [2, 3, 4], [2, 3, 4, 5], t=0.3)]
     fig = charts.accepted_length_chart(cycles)
     assert list(fig.data[0].y) == [2, 0, 3]
-    fig = charts.acceptance_by_position_chart(None, cycles)
+    fig = charts.acceptance_by_position_chart(CycleTally.of(cycles))
     assert [round(v, 3) for v in fig.data[0].y] == [0.667, 0.667, 0.333]
     summary = RunSummary("dflash", 3, [1] * 8, 0.05, 0.3, "max_tokens", 1.0, block_size=4, cycles=3,
                          drafted_tokens=9, accepted_tokens=5, accepted_per_position=[2, 2, 1])
-    assert list(charts.acceptance_by_position_chart(summary).data[0].y) == list(summary.acceptance_by_position)
+    assert list(charts.acceptance_by_position_chart(summary.tally).data[0].y) == list(summary.acceptance_by_position)
     base = [TokenEvent(i, 1, 0.05 * i) for i in range(8)]
     fig = charts.tokens_vs_time_chart(base, cycles, 0.5, 1.0)
     assert list(fig.data[0].y) == list(range(1, 9)) and fig.data[0].x[0] == 0.5

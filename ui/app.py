@@ -14,8 +14,10 @@ import gradio as gr
 from dflash_core.backend import default_min_confidence
 from dflash_core.benchmark import recorded_figure
 from dflash_core.errors import DFlashError
+from dflash_core.events import CycleTally
 from dflash_core.sampling import Sampling
 from dflash_core.loading import ASSETS as SHIPPED_DIR
+from dflash_core.memory import device_memory, gb
 from dflash_core.worker import default_worker
 
 from . import assets, charts, render
@@ -31,6 +33,9 @@ MAX_TEMPERATURE = 1.5
 FRAME_S = 0.5  # at most 2 page updates a second while an engine runs
 KEEP_EXPORTS = 200  # run files kept for download on a long-running host
 MAX_REJECTED_SHOWN = 4  # rejected drafts shown per cycle in the colored pane (the rest as "+N")
+# the draft's precision choices: its linear layers quantized at load (nn.quantize), or as stored
+FULL_PRECISION = "as stored"
+DRAFT_PRECISIONS = {FULL_PRECISION: None, "8-bit": 8, "4-bit": 4}
 
 ABOUT = """
 **How DFlash works.** A small *draft* model proposes a whole block of tokens in one forward pass
@@ -76,44 +81,82 @@ class Playground:
         self.ui = {}  # component name -> component, filled by build_app
 
     # --- model picker -------------------------------------------------------------------
-    def pair_info(self, key: str) -> str:
-        pair = self.catalogue.get(key)
+    def pair_info(self, key: str, draft_quant: int = None) -> str:
+        pair = self.catalogue.get(key, draft_quant)
         t = pair.target
         kind = "hybrid (GatedDeltaNet + attention)" if t.hybrid else "attention"
-        return render.info_html(
-            f"{pair.name}: target {t.num_layers} layers, {kind}; draft {pair.draft.config.num_hidden_layers} "
-            f"layers, block size {pair.block_size}; context {pair.context_length} tokens"
+        info = render.info_html(
+            f"{pair.name}: target {t.num_layers} layers, {kind}, {gb(pair.memory()['target'])}; draft "
+            f"{pair.draft.config.num_hidden_layers} layers, {pair.draft_precision()}, block size {pair.block_size}; "
+            f"context {pair.context_length} tokens"
         )
+        warning = pair.fit_warning()
+        return info + (render.warning_html(warning) if warning else "")
 
     def limits(self, key: str):
-        pair = self.catalogue.get(key)
+        pair = self.catalogue.loaded(key) or self.catalogue.get(key)
         return pair.block_size, min(self.max_tokens_cap, pair.context_length - 1)
 
-    def select_model(self, key, block_size, max_tokens, progress=gr.Progress()):
+    def download_offer(self, plan, draft_quant: int = None) -> str:
+        """What a pair not yet in the cache will download and take in memory, before anything
+        large is fetched (the hub's file listing; its configs are already read and checked)."""
+        parts, estimate, warning = plan.notice(draft_quant)
+        need = (f" Loaded, it takes about {gb(estimate)} of this device's {gb(device_memory()['working_set'])} "
+                "working set." if estimate else "")
+        info = render.info_html(f"{plan.name} is not downloaded yet ({'; '.join(parts)}); it goes into the "
+                                f"Hugging Face cache.{need} Press Download to go on.")
+        return info + (render.warning_html(warning) if warning else "")
+
+    def select_model(self, key, block_size, max_tokens, draft_quant=FULL_PRECISION, progress=gr.Progress()):
+        """Load the picked pair and fit the form to it; a hub pair not in the cache yet only shows
+        its size and the Download button (download() fetches it)."""
+        skip = (gr.skip(),) * 5
         if not key:
-            return render.error_html("pick a model"), gr.skip(), gr.skip(), gr.skip()
-        progress(0.1, desc=f"loading {key}" if not self.catalogue.is_loaded(key) else "ready")
+            return (render.error_html("pick a model"), *skip)
+        bits = DRAFT_PRECISIONS.get(draft_quant)
         try:
-            info = self.pair_info(key)
+            plan = self.catalogue.pending_download(key)
+            if plan is not None and not plan.can_download():
+                self.catalogue.download(key)  # offline: says what is missing from the cache
+            if plan is not None:
+                offer = self.download_offer(plan, bits)
+                return (offer, gr.skip(), gr.skip(), gr.skip(), gr.Button(visible=True), gr.skip())
+            progress(0.1, desc=f"loading {key}" if not self.catalogue.is_loaded(key, bits) else "ready")
+            info = self.pair_info(key, bits)
             B, cap = self.limits(key)
         except DFlashError as e:
-            return render.error_html(str(e)), gr.skip(), gr.skip(), gr.skip()
+            return (render.error_html(str(e)), *skip)
         progress(1.0)
-        chat = self.catalogue.is_chat(key)
+        pair = self.catalogue.get(key, bits)
         return (
             info,
             gr.Slider(minimum=2, maximum=B, value=min(int(block_size or B), B), step=1),
             gr.Slider(minimum=1, maximum=cap, value=min(int(max_tokens or cap), cap), step=1),
-            gr.Checkbox(value=chat),
+            gr.Checkbox(value=pair.chat_default),
+            gr.Button(visible=False),
+            gr.Checkbox(visible=pair.thinking_switch, value=False),
         )
+
+    def download(self, key, block_size, max_tokens, draft_quant=FULL_PRECISION,
+                 progress=gr.Progress(track_tqdm=True)):
+        """Download the picked pair (the draft first), the hub's progress bars on the page, then load it."""
+        try:
+            plan = self.catalogue.pending_download(key)
+            if plan is not None:
+                self.catalogue.download(key, log=lambda message: progress(0, desc=message))
+        except DFlashError as e:
+            return (render.error_html(str(e)), *(gr.skip(),) * 5)
+        return self.select_model(key, block_size, max_tokens, draft_quant, progress)
 
     # --- permalink ----------------------------------------------------------------------
     def prefill(self, key, request: gr.Request):
         """Fill the form from ?prompt=...&max_tokens=...&block_size=...&chat=...&min_confidence=...
-        &temperature=...&top_p=...&seed=..."""
+        &temperature=...&top_p=...&seed=...&thinking=..."""
         q = dict(request.query_params) if request else {}
         try:
-            info = self.pair_info(key) if key else render.error_html("no model pairs are available on this host")
+            loaded = self.catalogue.loaded(key) if key else None  # at the precision it was loaded at
+            info = (self.pair_info(key, loaded.draft_quant if loaded else None) if key
+                    else render.error_html("no model pairs are available on this host"))
             B, cap = self.limits(key) if key else (16, self.max_tokens_cap)
         except DFlashError as e:
             info, (B, cap) = render.error_html(str(e)), (16, self.max_tokens_cap)
@@ -134,7 +177,12 @@ class Playground:
             number("top_p", 1.0, 0.05, 1.0, float),
             number("seed", 0, 0, 2**31 - 1),
             info,
+            gr.Checkbox(value=q.get("thinking") in ("1", "true", "yes"), visible=self.thinking_switch(key)),
         )
+
+    def thinking_switch(self, key) -> bool:
+        pair = self.catalogue.loaded(key) if key else None
+        return pair is not None and pair.thinking_switch
 
     def export(self, run: Comparison) -> Path:
         """The run as JSON (events + summaries) for the download button; old files are pruned."""
@@ -151,17 +199,24 @@ class Playground:
             event.set()
 
     def run(self, prompt, key, max_tokens, block_size, chat, min_confidence, temperature=0.0, top_p=1.0, seed=0,
-            request: gr.Request = None):
+            thinking=False, draft_quant=FULL_PRECISION, request: gr.Request = None):
         """Baseline, then DFlash, then the lossless check, streamed to the page. Temperature 0 is
-        greedy; above it, plain sampling against speculative sampling with the same seed."""
+        greedy; above it, plain sampling against speculative sampling with the same seed. Thinking
+        turns on the chat template's thinking mode where it has one; draft_quant is the draft's
+        precision (DRAFT_PRECISIONS)."""
         ui = self.ui
         try:
             # the sliders' bounds (Gradio checks them) hold the host's cap and the draft's block size
             max_tokens, block_size = int(max_tokens), int(block_size)
-            if not self.catalogue.is_loaded(key):
+            if draft_quant not in DRAFT_PRECISIONS:
+                raise DFlashError(f"draft precision '{draft_quant}' is not one of {', '.join(DRAFT_PRECISIONS)}")
+            bits = DRAFT_PRECISIONS[draft_quant]
+            if not self.catalogue.is_loaded(key, bits):
                 yield {ui["status"]: render.info_html(f"loading {key} …")}
-            pair = self.catalogue.get(key)
-            ids = self.worker.call(pair.encode, prompt or "", bool(chat))
+            pair = self.catalogue.get(key, bits)
+            thinking = bool(thinking) and bool(chat) and pair.thinking_switch
+            ids = self.worker.call(pair.encode, prompt or "", bool(chat),
+                                   template_args={"enable_thinking": True} if thinking else None)
         except DFlashError as e:
             yield {ui["status"]: render.error_html(str(e))}
             return
@@ -170,7 +225,8 @@ class Playground:
         self.stops[session] = user_stop
         run = Comparison(pair.name, prompt, ids, max_tokens, block_size, bool(chat), hybrid=pair.target.hybrid,
                          min_confidence=float(min_confidence),
-                         sampling=Sampling(float(temperature), float(top_p), int(seed)) if float(temperature or 0) > 0 else None)
+                         sampling=Sampling(float(temperature), float(top_p), int(seed)) if float(temperature or 0) > 0 else None,
+                         thinking=thinking, draft_quant=bits)
         view = RunView(pair)
         yield {**view.reset(ui), ui["status"]: render.info_html(f"prompt: {len(ids)} tokens · running the baseline …")}
         last_frame, shown = 0.0, {}
@@ -280,12 +336,12 @@ class RunView:
             b_stats = render.stats_html(0, now - run.stage_started if run.stage == "baseline" else 0.0, 0.0,
                                         status="prefill" if run.stage == "baseline" else "waiting")
         if d is not None:
-            d_stats = render.stats_html(d.generated, d.prefill_s + d.decode_s, d.decode_tps, render.dflash_extra(d),
+            d_stats = render.stats_html(d.generated, d.prefill_s + d.decode_s, d.decode_tps, render.dflash_extra(d.tally),
                                         status=d.stop_reason.replace("_", " "))
         elif run.cycles:
             n, last = len(self.d_pieces), run.cycles[-1]
             d_stats = render.stats_html(n, now - run.stage_started, (n - 1) / last.t if last.t else 0.0,
-                                        render.dflash_extra(None, run.cycles), status="running")
+                                        render.dflash_extra(CycleTally.of(run.cycles)), status="running")
         else:
             d_stats = render.stats_html(0, now - run.stage_started if run.stage == "dflash" else 0.0, 0.0,
                                         render.dflash_extra(), status="prefill" if run.stage == "dflash" else "waiting")
@@ -361,7 +417,9 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         raise DFlashError(f"no model pair to serve: the shipped pairs are missing from {SHIPPED_DIR} "
                           "(is this a full clone?); give one with --model DIR --draft DIR")
     try:
-        catalogue.get(default)  # load before the first visitor arrives
+        warning = catalogue.get(default).fit_warning()  # load before the first visitor arrives
+        if warning:
+            print(f"warning: {warning}")  # the page shows it too
     except DFlashError as e:
         print(f"warning: could not load {default}: {e}")  # the page shows it as a panel too
 
@@ -386,7 +444,15 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
             with gr.Column(scale=2):
                 model_key = gr.Dropdown(catalogue.choices(), value=default, label="Model pair", elem_id="model")
                 model_info = gr.HTML(elem_id="model-info")
-                B0, cap0 = play.limits(default) if catalogue.is_loaded(default) else (16, max_tokens_cap)
+                download_btn = gr.Button("Download", variant="secondary", visible=False, elem_id="download")
+                loaded = catalogue.loaded(default)  # a server's pair may come with a quantized draft
+                bits0 = loaded.draft_quant if loaded is not None else None
+                draft_quant = gr.Radio(list(DRAFT_PRECISIONS), label="Draft precision",
+                                       value=next(k for k, bits in DRAFT_PRECISIONS.items() if bits == bits0),
+                                       info="quantize the draft's linear layers at load: less memory, the same "
+                                            "output (the target checks every token); acceptance may change",
+                                       elem_id="draft-quant")
+                B0, cap0 = play.limits(default) if loaded is not None else (16, max_tokens_cap)
                 max_tokens = gr.Slider(1, cap0, value=min(128, cap0), step=1, label="Max new tokens",
                                        info=f"capped at {max_tokens_cap} on this host", elem_id="max-tokens")
                 block_size = gr.Slider(2, B0, value=B0, step=1, label="Block size",
@@ -398,6 +464,8 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                                                 "least this probability (the first always); 0 checks all",
                                            elem_id="min-confidence")
                 chat = gr.Checkbox(catalogue.is_chat(default), label="Apply the chat template", elem_id="chat-template")
+                thinking = gr.Checkbox(False, label="Thinking (the model reasons first, in its chat template's "
+                                       "thinking mode)", visible=play.thinking_switch(default), elem_id="thinking")
                 with gr.Accordion("Sampling (temperature 0: greedy)", open=False):
                     temperature = gr.Slider(0, MAX_TEMPERATURE, value=0, step=0.05, label="Temperature",
                                             info="above 0 both engines sample: plain sampling against speculative "
@@ -458,7 +526,8 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         outputs = [ui["status"], ui["b_stats"], ui["b_out"], ui["d_stats"], ui["d_out"], ui["speedup"],
                    ui["lossless"], ui["race"], *ui["plots"], ui["insp_slider"], ui["insp_html"], ui["export"],
                    ui["state"]]
-        run_inputs = [prompt, model_key, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed]
+        run_inputs = [prompt, model_key, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed,
+                      thinking, draft_quant]
         run_event = run_btn.click(play.run, run_inputs, outputs, concurrency_limit=concurrency,
                                   concurrency_id="mlx", show_progress="hidden", api_name="run")
         run_event.then(None, js=assets.RACE_JS)
@@ -468,11 +537,16 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         stop_btn.click(play.stop, None, None, queue=False, api_name="stop")
         replay_btn.click(None, js=assets.RACE_JS)
         theme_btn.click(None, js=assets.THEME_JS)
-        link_btn.click(None, [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed], [link],
-                       js=assets.COPY_LINK_JS)
-        model_key.change(play.select_model, [model_key, block_size, max_tokens],
-                         [model_info, block_size, max_tokens, chat], concurrency_id="mlx",
+        link_btn.click(None, [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, thinking],
+                       [link], js=assets.COPY_LINK_JS)
+        picker_inputs = [model_key, block_size, max_tokens, draft_quant]
+        picker_outputs = [model_info, block_size, max_tokens, chat, download_btn, thinking]
+        model_key.change(play.select_model, picker_inputs, picker_outputs, concurrency_id="mlx",
                          show_progress_on=[model_info], api_name="select_model")
+        draft_quant.change(play.select_model, picker_inputs, picker_outputs, concurrency_id="mlx",
+                           show_progress_on=[model_info], api_visibility="private")
+        download_btn.click(play.download, picker_inputs, picker_outputs, concurrency_id="mlx",
+                           show_progress_on=[model_info], api_name="download")
         all_rejected.change(play.redraw_tokens, [ui["state"], all_rejected], [ui["d_out"]], queue=False,
                             show_progress="hidden", api_visibility="private")
         ui["insp_slider"].change(play.inspect, [ui["state"], ui["insp_slider"]], [ui["insp_html"]],
@@ -482,7 +556,7 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
         next_btn.click(lambda shown, i: min(int(i) + 1, max(len(shown.run.cycles) - 1, 0)) if shown else 0,
                        [ui["state"], ui["insp_slider"]], [ui["insp_slider"]], queue=False, api_visibility="private")
         demo.load(play.prefill, [model_key],
-                  [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, model_info],
+                  [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, model_info, thinking],
                   api_visibility="private")
     demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
     demo.playground = play  # for hosts and tests: the catalogue and the MLX worker it uses

@@ -4,7 +4,7 @@ from collections import Counter
 
 import plotly.graph_objects as go
 
-from dflash_core.events import RunSummary
+from dflash_core.events import CycleTally, RunSummary
 
 BASELINE_COLOR = "#8b93a7"
 TARGET_COLOR = "#6366f1"
@@ -49,16 +49,10 @@ def accepted_length_chart(cycles: list) -> go.Figure:
     return _layout(fig, "Accepted draft tokens per cycle", "cycle", "accepted length")
 
 
-def acceptance_by_position_chart(summary: RunSummary = None, cycles: list = ()) -> go.Figure:
+def acceptance_by_position_chart(tally: CycleTally) -> go.Figure:
     """Fraction of cycles whose draft token at block position k was accepted (k = 1..B-1)."""
     fig = go.Figure()
-    if summary is not None and summary.cycles:
-        rates = summary.acceptance_by_position
-    elif cycles:
-        B = cycles[0].block_size
-        rates = [sum(c.accepted_len >= k for c in cycles) / len(cycles) for k in range(1, B)]
-    else:
-        rates = []
+    rates = tally.acceptance_by_position
     if rates:
         fig.add_bar(
             x=list(range(1, len(rates) + 1)),
@@ -128,7 +122,7 @@ def all_charts(baseline_events: list, baseline_summary: RunSummary, cycles: list
                              baseline_summary.prefill_s if baseline_summary else 0.0,
                              dflash_summary.prefill_s if dflash_summary else 0.0),
         accepted_length_chart(cycles),
-        acceptance_by_position_chart(dflash_summary, cycles),
+        acceptance_by_position_chart(dflash_summary.tally if dflash_summary else CycleTally.of(cycles)),
         time_split_chart(cycles),
         tokens_per_cycle_histogram(cycles),
     ]

@@ -6,7 +6,7 @@ gr.HTML sets innerHTML unsanitised, so every piece of model or user text goes th
 import html
 import json
 
-from dflash_core.events import CycleEvent, Divergence, RunSummary
+from dflash_core.events import CycleEvent, CycleTally, Divergence, RunSummary
 
 REPLACEMENT = "\ufffd"
 
@@ -167,15 +167,11 @@ def stats_html(tokens: int, elapsed_s: float, tps: float, extra: list = (), stat
     return f'<div class="stats">{"".join(cells)}{badge}</div>'
 
 
-def dflash_extra(summary: RunSummary = None, cycles: list = ()) -> list:
-    """tokens/cycle and acceptance rate, from the summary or (while running) from the cycles."""
-    if summary is not None:
-        tau, rate = summary.tokens_per_cycle, summary.acceptance_rate
-    elif cycles:
-        tau = sum(len(c.committed) for c in cycles) / len(cycles)
-        rate = sum(c.accepted_len for c in cycles) / sum(c.verified for c in cycles)
-    else:
+def dflash_extra(tally: CycleTally = None) -> list:
+    """tokens/cycle and acceptance rate: from the summary's tally, or (while running) the cycles'."""
+    if tally is None or not tally.cycles:
         return [("tokens/cycle", "–", ""), ("accept rate", "–", "")]
+    tau, rate = tally.tokens_per_cycle, tally.acceptance_rate
     return [
         ("tokens/cycle", f"{tau:.2f}", "mean tokens committed per cycle (tau, counts the staged token)"),
         ("accept rate", f"{100 * rate:.0f}%", "accepted draft tokens / draft tokens the target verified"),
@@ -231,6 +227,10 @@ def error_html(message: str) -> str:
 
 def info_html(message: str) -> str:
     return f'<div class="info-panel">{esc(message)}</div>'
+
+
+def warning_html(message: str) -> str:
+    return f'<div class="warning-panel"><b>Warning:</b> {esc(message)}</div>'
 
 
 def race_html(baseline_pieces: list, baseline_times: list, dflash_pieces: list, dflash_times: list,
