@@ -7,6 +7,7 @@ the same is the `dflash-playground` command (the launcher lives in dflash_core/p
     python app.py --model DIR --draft DIR  # another local pair, offered first
     GRADIO_SERVER_NAME=0.0.0.0 GRADIO_SERVER_PORT=7861 python app.py   # as containers and Spaces set them
 """
+
 import sys
 
 from dflash_core.playground import main

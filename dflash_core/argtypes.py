@@ -1,4 +1,5 @@
 """argparse value types: a bad value is the parser's one error line, never a traceback later."""
+
 import argparse
 
 
@@ -42,7 +43,9 @@ def temperature(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number: give a temperature such as 0.7 (0: greedy)") from None
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a number: give a temperature such as 0.7 (0: greedy)"
+        ) from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative: give a temperature >= 0 (0: greedy)")
     return value

@@ -3,6 +3,7 @@
 On Linux CPU the mlx wheel links a reference BLAS; loading the system OpenBLAS first (global
 symbols) makes float32 matmuls 8-13x faster. Import this module before `mlx.core` anywhere.
 """
+
 import ctypes
 import ctypes.util
 import os
@@ -23,8 +24,7 @@ if sys.platform.startswith("linux") and "mlx.core" not in sys.modules:
             break
         except OSError:
             pass
-_PER_ENGINE_THREADS = (_OPENBLAS is not None and not _USER_THREADS
-                       and hasattr(_OPENBLAS, "openblas_set_num_threads"))
+_PER_ENGINE_THREADS = _OPENBLAS is not None and not _USER_THREADS and hasattr(_OPENBLAS, "openblas_set_num_threads")
 
 
 def thread_choices() -> list:
@@ -86,7 +86,8 @@ def describe() -> dict:
         "mlx_lm": mlx_lm.__version__,
         "device": str(mx.default_device()),
         "blas": BLAS if on_cpu() else "n/a (GPU backend)",
-        "blas_threads": "measured per model and engine (1 or all cores)" if _PER_ENGINE_THREADS
+        "blas_threads": "measured per model and engine (1 or all cores)"
+        if _PER_ENGINE_THREADS
         else os.environ.get("OPENBLAS_NUM_THREADS", "n/a"),
         "dtype": str(compute_dtype() or "the weights' own"),
         "metal": mx.metal.is_available(),

@@ -1,4 +1,5 @@
 """Baseline vs DFlash, measured one after the other on the same token ids; medians of repeats."""
+
 import json
 import os
 import platform
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from . import backend
 from .engine import oracle_draft
+from .events import lossless_verdict
 from .layout import ASSETS
 
 PROMPTS = ASSETS / "prompts"
@@ -24,10 +26,21 @@ def _last(events):
     return summary
 
 
-def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, block_size: int = None,
-                  chat_template: bool = False, oracle: bool = False, sweep: list = (), log=print,
-                  min_confidence: float = None, confidence_sweep: list = (), sampling=None,
-                  template_args: dict = None) -> dict:
+def run_benchmark(
+    pair,
+    prompts: list,
+    max_tokens: int = 256,
+    repeat: int = 3,
+    block_size: int = None,
+    chat_template: bool = False,
+    oracle: bool = False,
+    sweep: list = (),
+    log=print,
+    min_confidence: float = None,
+    confidence_sweep: list = (),
+    sampling=None,
+    template_args: dict = None,
+) -> dict:
     """With `sampling` (temperature > 0) the baseline is plain sampling and DFlash speculative
     sampling, each run seeded alike: the outputs share a distribution, not tokens. `template_args`:
     the chat template's extra arguments (e.g. thinking on)."""
@@ -50,41 +63,76 @@ def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, b
         for i, ids in enumerate(encoded):
             base = _last(pair.baseline(ids, max_tokens, sampling=sampling))
             rows = [("baseline", block_size, base)]
-            rows.append(("dflash", block_size, _last(pair.dflash(ids, max_tokens, block_size,
-                                                                 min_confidence=min_confidence, sampling=sampling))))
+            rows.append(
+                (
+                    "dflash",
+                    block_size,
+                    _last(pair.dflash(ids, max_tokens, block_size, min_confidence=min_confidence, sampling=sampling)),
+                )
+            )
             if oracle:
                 draft_fn = oracle_draft(len(ids), base.tokens)
                 rows.append(("oracle", block_size, _last(pair.dflash(ids, max_tokens, block_size, draft_fn=draft_fn))))
             for b in sweep:
                 if b != block_size:
-                    rows.append(("dflash", b, _last(pair.dflash(ids, max_tokens, b, min_confidence=min_confidence,
-                                                                sampling=sampling))))
+                    rows.append(
+                        (
+                            "dflash",
+                            b,
+                            _last(pair.dflash(ids, max_tokens, b, min_confidence=min_confidence, sampling=sampling)),
+                        )
+                    )
             for c in confidence_sweep:
                 if c != min_confidence:
-                    rows.append(("dflash", block_size, _last(pair.dflash(ids, max_tokens, block_size, min_confidence=c,
-                                                                         sampling=sampling))))
+                    rows.append(
+                        (
+                            "dflash",
+                            block_size,
+                            _last(pair.dflash(ids, max_tokens, block_size, min_confidence=c, sampling=sampling)),
+                        )
+                    )
             for engine, b, s in rows:
-                runs.append({
-                    "repeat": r, "prompt": i, "engine": engine, "block_size": b,
-                    "identical": s.tokens == base.tokens if sampling is None else None,
-                    "speedup": s.decode_tps / base.decode_tps if base.decode_tps else None,
-                    **s.stats(),
-                })
+                runs.append(
+                    {
+                        "repeat": r,
+                        "prompt": i,
+                        "engine": engine,
+                        "block_size": b,
+                        "identical": None if sampling else lossless_verdict(s, base) == "identical",
+                        "speedup": s.decode_tps / base.decode_tps if base.decode_tps else None,
+                        **s.stats(),
+                    }
+                )
             d = rows[1][2]
-            log(f"repeat {r + 1}/{repeat} prompt {i + 1}/{len(encoded)}: baseline {base.decode_tps:.1f} tok/s, "
+            log(
+                f"repeat {r + 1}/{repeat} prompt {i + 1}/{len(encoded)}: baseline {base.decode_tps:.1f} tok/s, "
                 f"dflash {d.decode_tps:.1f} tok/s ({d.decode_tps / base.decode_tps:.2f}x), "
-                f"{d.tokens_per_cycle:.2f} tokens/cycle")
+                f"{d.tokens_per_cycle:.2f} tokens/cycle"
+            )
     return {
         "config": {
-            "model": pair.name, "max_tokens": max_tokens, "repeat": repeat, "block_size": block_size,
-            "min_confidence": min_confidence, "prompts": prompts, "chat_template": chat_template,
-            "template_args": template_args or {}, "draft_quant": pair.draft_quant,
+            "model": pair.name,
+            "max_tokens": max_tokens,
+            "repeat": repeat,
+            "block_size": block_size,
+            "min_confidence": min_confidence,
+            "prompts": prompts,
+            "chat_template": chat_template,
+            "template_args": template_args or {},
+            "draft_quant": pair.draft_quant,
             "memory_mb": {k: round(v / 2**20, 1) for k, v in pair.memory().items()},
-            "oracle": oracle, "sweep": list(sweep), "confidence_sweep": list(confidence_sweep),
-            "temperature": sampling.temperature if sampling else 0.0, "top_p": sampling.top_p if sampling else 1.0,
+            "oracle": oracle,
+            "sweep": list(sweep),
+            "confidence_sweep": list(confidence_sweep),
+            "temperature": sampling.temperature if sampling else 0.0,
+            "top_p": sampling.top_p if sampling else 1.0,
             "seed": sampling.seed if sampling else None,
-            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cores": os.cpu_count(),
-                        **{k: v for k, v in backend.describe().items() if k != "hf_cache"}},
+            "machine": {
+                "platform": platform.platform(),
+                "processor": platform.processor(),
+                "cores": os.cpu_count(),
+                **{k: v for k, v in backend.describe().items() if k != "hf_cache"},
+            },
             "blas_threads": dict(pair.blas_threads),  # as measured for this model (empty off the CPU)
         },
         "runs": runs,
@@ -94,24 +142,30 @@ def run_benchmark(pair, prompts: list, max_tokens: int = 256, repeat: int = 3, b
 
 def summarize(runs: list, block_size: int, min_confidence: float = 0.0) -> dict:
     def pick(engine, b=block_size, c=min_confidence):
-        return [r for r in runs if r["engine"] == engine and r["block_size"] == b
-                and (engine != "dflash" or r["min_confidence"] == c)]
+        return [
+            r
+            for r in runs
+            if r["engine"] == engine and r["block_size"] == b and (engine != "dflash" or r["min_confidence"] == c)
+        ]
 
     base, dfl, orc = pick("baseline"), pick("dflash"), pick("oracle")
 
     def medians(rows):
-        return {"dflash_tps_median": _median([r["decode_tps"] for r in rows]),
-                "speedup_median": _median([r["speedup"] for r in rows]),
-                "overall_speedup_median": overall_speedup(rows, base),
-                "tokens_per_cycle_median": _median([r["tokens_per_cycle"] for r in rows]),
-                "tokens_per_cycle_mean": mean_tokens_per_cycle(rows)}
+        return {
+            "dflash_tps_median": _median([r["decode_tps"] for r in rows]),
+            "speedup_median": _median([r["speedup"] for r in rows]),
+            "overall_speedup_median": overall_speedup(rows, base),
+            "tokens_per_cycle_median": _median([r["tokens_per_cycle"] for r in rows]),
+            "tokens_per_cycle_mean": mean_tokens_per_cycle(rows),
+        }
 
     out = {
         "baseline_tps_median": _median([r["decode_tps"] for r in base]),
         **medians(dfl),
         "acceptance_rate_median": _median([r["acceptance_rate"] for r in dfl]),
         # sampled runs share the baseline's distribution, not its tokens: no verdict (None)
-        "identical": None if any(r["identical"] is None for r in runs)
+        "identical": None
+        if any(r["identical"] is None for r in runs)
         else all(r["identical"] for r in runs if r["engine"] in ("dflash", "oracle")),
     }
     if dfl:
@@ -137,6 +191,7 @@ def overall_speedup(rows: list, base: list):
     time, summed over prompts), median over repeats. With few prompts of very different
     acceptance the median of per-run ratios falls between clusters; this weighs each prompt by
     the time it takes, as a user decoding all of them would see it."""
+
     def tps(rs):
         seconds = sum(r["decode_s"] for r in rs)
         return sum(r["generated_tokens"] - 1 for r in rs) / seconds if seconds else None
@@ -165,10 +220,22 @@ def recorded_figure(draft_dir) -> dict:
         saved = json.loads(path.read_text())
         config, summary = saved["config"], saved["summary"]
         machine = config["machine"]
-        where = ("an NVIDIA GPU (MLX CUDA)" if machine.get("cuda") else "Apple silicon" if machine.get("metal")
-                 else f"a {machine['cores']}-core CPU" if machine.get("cores") else "a CPU")
-        return {"speedup": summary["speedup_median"], "tokens_per_cycle": summary["tokens_per_cycle_median"],
-                "prompts": len(config["prompts"]), "repeat": config["repeat"], "device": where}
+        where = (
+            "an NVIDIA GPU (MLX CUDA)"
+            if machine.get("cuda")
+            else "Apple silicon"
+            if machine.get("metal")
+            else f"a {machine['cores']}-core CPU"
+            if machine.get("cores")
+            else "a CPU"
+        )
+        return {
+            "speedup": summary["speedup_median"],
+            "tokens_per_cycle": summary["tokens_per_cycle_median"],
+            "prompts": len(config["prompts"]),
+            "repeat": config["repeat"],
+            "device": where,
+        }
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -190,5 +257,7 @@ def load_prompts(prompt: str = None, prompts_file: str = None, chat: bool = True
     else:
         prompts = [p for p in text.split("\n\n") if p.strip()]  # blank-line separated
     if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
-        raise DFlashError(f"prompts file '{path}' holds no prompts (a JSON list of strings, or blank-line separated text)")
+        raise DFlashError(
+            f"prompts file '{path}' holds no prompts (a JSON list of strings, or blank-line separated text)"
+        )
     return prompts

@@ -5,6 +5,7 @@ lists, emails, code, poems, ...), and requests the target writes itself: sampled
 1 from an empty user turn, so they read like what its own training data asked (the Magpie
 trick). Either way the draft then learns the target's own greedy replies to them.
 """
+
 import json
 import random
 import time
@@ -36,8 +37,9 @@ def template_prompts(n: int, rng: random.Random) -> list:
 
 def user_turn_prefix(tokenizer) -> str:
     """The chat-formatted text up to where a user's message starts (system prompt included)."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
-                                         add_generation_prompt=False, enable_thinking=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=False, enable_thinking=False
+    )
     return text[: text.index(_SENTINEL)]
 
 

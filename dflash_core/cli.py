@@ -1,5 +1,6 @@
 """`python -m dflash_core <command>`. Each command module exposes `add_parser(subparsers)`, which
 registers its arguments and sets `func=run`; bad input is one `error: ...` line and exit 2."""
+
 import argparse
 import importlib
 import os
@@ -51,8 +52,11 @@ def main(argv=None, parser=None) -> int:
             raise  # a bug: its traceback is what fixes it
         knobs = [f"--{k.replace('_', '-')}" for k in MEMORY_KNOBS if hasattr(args, k)]
         smaller = f"lower {', '.join(knobs)}, or use" if knobs else "use"
-        print(f"error: out of memory ({str(e).splitlines()[0] if str(e) else type(e).__name__}): "
-              f"{smaller} a smaller model", file=sys.stderr)
+        print(
+            f"error: out of memory ({str(e).splitlines()[0] if str(e) else type(e).__name__}): "
+            f"{smaller} a smaller model",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -1,5 +1,6 @@
 """Source text to train on: Python files split into training and held-out sets by a stable hash,
 prompts cut from their top-level lines, and copies with the code's own names swapped for others."""
+
 import builtins
 import keyword
 import random
@@ -49,7 +50,7 @@ def read_corpus(root: Path) -> tuple:
 def top_level_prompts(text: str, rng: random.Random, n: int, max_lines: int = 8) -> list:
     """Prompts a user might type: 1..max_lines lines starting at a top-level def/class/statement."""
     lines = text.splitlines()
-    starts = [i for i, l in enumerate(lines) if l[:1].isalpha() or l[:1] == "@"]
+    starts = [i for i, line in enumerate(lines) if line[:1].isalpha() or line[:1] == "@"]
     out = []
     for s in rng.sample(starts, min(n, len(starts))):
         k = rng.randint(1, max_lines)
@@ -77,8 +78,9 @@ def bound_names(text: str) -> set:
     """The names a piece of code chooses itself (not keywords, builtins, dunders, attributes, or
     one-letter names, which double as words and string prefixes)."""
     found = {n for pat in _BINDINGS for m in pat.finditer(text) for n in re.findall(_NAME, m[1])}
-    found |= {p.strip(" *").split(":")[0].split("=")[0].strip() for m in _PARAMS.finditer(text)
-              for p in m[1].split(",")}
+    found |= {
+        p.strip(" *").split(":")[0].split("=")[0].strip() for m in _PARAMS.finditer(text) for p in m[1].split(",")
+    }
     return {n for n in found if len(n) > 1 and re.fullmatch(_NAME, n) and n not in _KEEP and not n.startswith("__")}
 
 
@@ -105,7 +107,7 @@ def with_renamed_names(texts: list, fraction: float, rng: random.Random) -> list
         if swap:
             # not after a dot (attribute), a backslash (escape) or ! (f-string conversion), nor
             # before a quote (string prefix)
-            text = re.sub(rf"(?<![\w.\\!]){_NAME}(?![\w'\"])", lambda m: swap.get(m[0], m[0]), text)
+            text = re.sub(rf"(?<![\w.\\!]){_NAME}(?![\w'\"])", lambda m: swap.get(m[0], m[0]), text)  # noqa: B023 (used here)
         out.append(text)
     return out
 

@@ -19,6 +19,7 @@ Only rank 0 prints and serves HTTP. Under `serve` rank 0 alone knows what to run
 each run's settings to the others before starting it (share) and, once a cycle, whether to stop
 (a client gone, a stop string met), so that every process ends the run at the same cycle.
 """
+
 import json
 import os
 import random
@@ -40,8 +41,13 @@ SPLIT_SIZES = {
     "llama": ("num_attention_heads", "num_key_value_heads", "intermediate_size"),
     "qwen3": ("num_attention_heads", "num_key_value_heads", "intermediate_size"),
     "qwen3_5": ("num_attention_heads", "intermediate_size", "linear_num_key_heads", "linear_num_value_heads"),
-    "qwen3_5_moe": ("num_attention_heads", "linear_num_key_heads", "linear_num_value_heads",
-                    "moe_intermediate_size", "shared_expert_intermediate_size"),
+    "qwen3_5_moe": (
+        "num_attention_heads",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+    ),
 }
 
 ERROR_EXIT_DELAY_S = 2.0  # see give_rank_0_time
@@ -131,8 +137,10 @@ def loaded_everywhere(load):
         if 0 not in failed:  # rank 0 loaded, so only this rank can say what went wrong here
             print(f"error: rank {rank()}: {error}", file=sys.__stderr__, flush=True)
         raise error
-    raise DFlashError(f"rank {', '.join(map(str, failed))} of {size()} could not load the pair (its own error line "
-                      "says why): every machine needs the same model and draft, at the same path or as a hub id")
+    raise DFlashError(
+        f"rank {', '.join(map(str, failed))} of {size()} could not load the pair (its own error line "
+        "says why): every machine needs the same model and draft, at the same path or as a hub id"
+    )
 
 
 def check_shardable(model, n: int):
@@ -140,8 +148,10 @@ def check_shardable(model, n: int):
     check_architecture(model)
     arch = type(model).__module__.rsplit(".", 1)[-1]
     if arch not in SPLIT_SIZES:
-        raise DFlashError(f"mlx-lm cannot split a '{arch}' target across processes (DFlash does so for "
-                          f"{', '.join(SPLIT_SIZES)}); run this target in one process, without mlx.launch")
+        raise DFlashError(
+            f"mlx-lm cannot split a '{arch}' target across processes (DFlash does so for "
+            f"{', '.join(SPLIT_SIZES)}); run this target in one process, without mlx.launch"
+        )
     owner = getattr(model, "language_model", model)
     args = owner.args
     sizes = {name: getattr(args, name) for name in SPLIT_SIZES[arch] if getattr(args, name, None)}
@@ -153,8 +163,10 @@ def check_shardable(model, n: int):
             sizes["vocab_size"] = args.vocab_size
     bad = [f"{name} {value}" for name, value in sizes.items() if value % n]
     if bad:
-        raise DFlashError(f"the target cannot be split over {n} processes: its {', '.join(bad)} must divide by {n}; "
-                          f"launch a group whose size divides them")
+        raise DFlashError(
+            f"the target cannot be split over {n} processes: its {', '.join(bad)} must divide by {n}; "
+            f"launch a group whose size divides them"
+        )
 
 
 def shard(model):
@@ -180,6 +192,7 @@ def share(message):
 def agreed(should_stop):
     """A should_stop that answers rank 0's answer on every rank (one all-reduce of one number a
     cycle): a rank that stopped alone would leave the others waiting in their next forward."""
+
     def stop() -> bool:
         mine = primary() and should_stop()
         return mx.distributed.all_sum(int(mine), group=group()).item() > 0
@@ -191,8 +204,14 @@ def _start(pair, run: dict, should_stop):
     """The events of a run described by `run` (as Leader sends it)."""
     sampling = Sampling(**run["sampling"]) if run["sampling"] else None
     if run["engine"] == "dflash":
-        return pair.dflash(run["prompt_ids"], run["max_tokens"], run["block_size"], should_stop,
-                           min_confidence=run["min_confidence"], sampling=sampling)
+        return pair.dflash(
+            run["prompt_ids"],
+            run["max_tokens"],
+            run["block_size"],
+            should_stop,
+            min_confidence=run["min_confidence"],
+            sampling=sampling,
+        )
     return pair.baseline(run["prompt_ids"], run["max_tokens"], should_stop, sampling=sampling)
 
 
@@ -207,15 +226,31 @@ class Leader:
     def __getattr__(self, name):
         return getattr(self.pair, name)
 
-    def dflash(self, prompt_ids, max_tokens, block_size=None, should_stop=lambda: False, min_confidence=None,
-               sampling=None):
-        return self._lead({"engine": "dflash", "prompt_ids": list(prompt_ids), "max_tokens": max_tokens,
-                           "block_size": block_size, "min_confidence": min_confidence,
-                           "sampling": sampling and asdict(sampling)}, should_stop)
+    def dflash(
+        self, prompt_ids, max_tokens, block_size=None, should_stop=lambda: False, min_confidence=None, sampling=None
+    ):
+        return self._lead(
+            {
+                "engine": "dflash",
+                "prompt_ids": list(prompt_ids),
+                "max_tokens": max_tokens,
+                "block_size": block_size,
+                "min_confidence": min_confidence,
+                "sampling": sampling and asdict(sampling),
+            },
+            should_stop,
+        )
 
     def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False, sampling=None):
-        return self._lead({"engine": "baseline", "prompt_ids": list(prompt_ids), "max_tokens": max_tokens,
-                           "sampling": sampling and asdict(sampling)}, should_stop)
+        return self._lead(
+            {
+                "engine": "baseline",
+                "prompt_ids": list(prompt_ids),
+                "max_tokens": max_tokens,
+                "sampling": sampling and asdict(sampling),
+            },
+            should_stop,
+        )
 
     def _lead(self, run: dict, should_stop):
         events = _start(self.pair, run, agreed(should_stop))  # a bad request fails here, before it is sent

@@ -4,8 +4,8 @@ One forward turns `[staged, MASK x (B-1)]` into B-1 proposals. Its attention rea
 hidden states (context, cached across cycles) and the block itself, bidirectionally. It has no
 embeddings and no LM head of its own: the target lends both.
 """
+
 from dataclasses import dataclass, field
-from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -28,10 +28,10 @@ class DraftConfig:
     num_target_layers: int = 0
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
-    rope_scaling: Optional[dict] = None
+    rope_scaling: dict | None = None
     max_position_embeddings: int = 40960
     layer_types: list = field(default_factory=list)
-    sliding_window: Optional[int] = None
+    sliding_window: int | None = None
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "DraftConfig":
@@ -62,8 +62,15 @@ class DraftConfig:
         )
 
     @classmethod
-    def for_target(cls, target: dict, num_layers: int, mask_token_id: int, block_size: int = 16,
-                   intermediate_size: int = None, target_layer_ids: list = None) -> "DraftConfig":
+    def for_target(
+        cls,
+        target: dict,
+        num_layers: int,
+        mask_token_id: int,
+        block_size: int = 16,
+        intermediate_size: int = None,
+        target_layer_ids: list = None,
+    ) -> "DraftConfig":
         """A new draft shaped like the target's layers (hidden size, heads, head dim, RoPE base),
         reading the target layers the published spacing rule picks unless target_layer_ids says
         which. target: the target's text-model config (config.json, or mlx-lm's args as a dict)."""
@@ -78,8 +85,10 @@ class DraftConfig:
             num_key_value_heads=target.get("num_key_value_heads") or heads,
             head_dim=target.get("head_dim") or target["hidden_size"] // heads,
             vocab_size=target["vocab_size"],
-            target_layer_ids=list(target_layer_ids or (default_target_layer_ids(n_target, num_layers)
-                                                       if n_target > 4 else [n_target // 2])),
+            target_layer_ids=list(
+                target_layer_ids
+                or (default_target_layer_ids(n_target, num_layers) if n_target > 4 else [n_target // 2])
+            ),
             mask_token_id=int(mask_token_id),
             block_size=block_size,
             num_target_layers=n_target,
@@ -127,7 +136,7 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DraftConfig, sliding_window: Optional[int]):
+    def __init__(self, cfg: DraftConfig, sliding_window: int | None):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = (
             cfg.num_attention_heads,
@@ -182,7 +191,7 @@ class MLP(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, cfg: DraftConfig, sliding_window: Optional[int]):
+    def __init__(self, cfg: DraftConfig, sliding_window: int | None):
         super().__init__()
         self.self_attn = Attention(cfg, sliding_window)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
@@ -202,10 +211,7 @@ class DraftModel(nn.Module):
         self.fc = nn.Linear(cfg.hidden_size * n_taps, cfg.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         types = cfg.layer_types or ["full_attention"] * cfg.num_hidden_layers
-        self.layers = [
-            DraftLayer(cfg, cfg.sliding_window if t == "sliding_attention" else None)
-            for t in types
-        ]
+        self.layers = [DraftLayer(cfg, cfg.sliding_window if t == "sliding_attention" else None) for t in types]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def context_features(self, taps: list) -> mx.array:
@@ -242,7 +248,7 @@ def quantize_draft(draft: DraftModel, bits: int) -> list:
     return kept
 
 
-def _window_mask(layer: DraftLayer, offset: int, block_len: int, ctx_k) -> Optional[mx.array]:
+def _window_mask(layer: DraftLayer, offset: int, block_len: int, ctx_k) -> mx.array | None:
     """Full-attention layers need no mask (bidirectional over context and block)."""
     window = layer.self_attn.sliding_window
     if window is None or ctx_k is None or offset < window:

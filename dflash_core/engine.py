@@ -1,6 +1,7 @@
 """The speculative cycle and the plain greedy baseline, both yielding plain events."""
+
 import time
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
@@ -48,9 +49,9 @@ def dflash_generate(
     block_size: int,
     eos_ids: set,
     should_stop: Callable[[], bool] = lambda: False,
-    draft_fn: Optional[Callable] = None,
+    draft_fn: Callable | None = None,
     min_confidence: float = 0.0,
-    sampling: Optional[Sampling] = None,
+    sampling: Sampling | None = None,
 ) -> Iterator:
     """Yields one CycleEvent per cycle, then a RunSummary. `draft_fn(ctx_tokens, B)` replaces the
     draft model's proposals (the oracle mode of the benchmark and the tests). With min_confidence
@@ -161,7 +162,7 @@ def baseline_generate(
     max_tokens: int,
     eos_ids: set,
     should_stop: Callable[[], bool] = lambda: False,
-    sampling: Optional[Sampling] = None,
+    sampling: Sampling | None = None,
 ) -> Iterator:
     """Plain decoding through mlx-lm's own generate_step: greedy (the baseline) unless `sampling`
     is given (plain sampling, from the distribution DFlash's sampling also draws from). Yields
@@ -214,7 +215,7 @@ def oracle_draft(prompt_len: int, reference: list, filler: int = 0) -> Callable:
     return propose
 
 
-def first_divergence(model, prompt_ids: list, ours: list, reference: list) -> Optional[Divergence]:
+def first_divergence(model, prompt_ids: list, ours: list, reference: list) -> Divergence | None:
     """Where two generations first differ, with the target's top-2 logit margin there (a tiny
     margin means float noise between batched and one-token forwards, not a wrong token)."""
     n = next((i for i, (x, y) in enumerate(zip(ours, reference)) if x != y), None)

@@ -1,7 +1,7 @@
 """Plain records of what the engines did. The UI, CLI, server and benchmark all read these;
 nothing downstream recomputes them."""
+
 from dataclasses import asdict, dataclass, field
-from typing import Optional
 
 from .sampling import Draws, Sampling
 
@@ -25,7 +25,7 @@ class CycleEvent:
     verify_ms: float
     rollback_ms: float
     t: float  # seconds since decoding started (after prefill), when committed
-    draws: Optional[Draws] = None  # sampling only: p(d), q(d) and the uniform draw per examined proposal
+    draws: Draws | None = None  # sampling only: p(d), q(d) and the uniform draw per examined proposal
 
     @property
     def block_size(self) -> int:
@@ -107,7 +107,7 @@ class RunSummary:
     drafted_tokens: int = 0  # proposals the target verified
     accepted_tokens: int = 0
     accepted_per_position: list = field(default_factory=list)  # k=1..B-1: cycles accepting >= k
-    sampling: Optional[Sampling] = None  # None: greedy
+    sampling: Sampling | None = None  # None: greedy
 
     @property
     def generated(self) -> int:
@@ -121,8 +121,14 @@ class RunSummary:
 
     @property
     def tally(self) -> CycleTally:
-        return CycleTally(self.block_size, self.cycles, self.generated, self.drafted_tokens, self.accepted_tokens,
-                          self.accepted_per_position)
+        return CycleTally(
+            self.block_size,
+            self.cycles,
+            self.generated,
+            self.drafted_tokens,
+            self.accepted_tokens,
+            self.accepted_per_position,
+        )
 
     @property
     def tokens_per_cycle(self) -> float:
@@ -172,6 +178,19 @@ def to_dict(event) -> dict:
 @dataclass
 class Divergence:
     index: int  # first generated position where the two outputs differ
-    dflash_token: Optional[int]
-    baseline_token: Optional[int]
-    top2_margin: Optional[float]  # target's top-1 minus top-2 logit at that position
+    dflash_token: int | None
+    baseline_token: int | None
+    top2_margin: float | None  # target's top-1 minus top-2 logit at that position
+
+
+def lossless_verdict(dflash: RunSummary, baseline: RunSummary) -> str:
+    """What the two runs show about losslessness: "identical" (token for token), "diverged",
+    "partial" (one was stopped early and the tokens both have agree) or "sampled" (both sampled:
+    the same distribution, so no token-for-token claim)."""
+    if dflash.sampling or baseline.sampling:
+        return "sampled"
+    ours, ref = dflash.tokens, baseline.tokens
+    if "cancelled" in (dflash.stop_reason, baseline.stop_reason):
+        k = min(len(ours), len(ref))
+        return "partial" if ours[:k] == ref[:k] else "diverged"
+    return "identical" if ours == ref else "diverged"

@@ -7,6 +7,7 @@ tells mlx-lm each quantized layer's bits, and a `tokenizer.json` built from the 
 and merges. llama.cpp's converter permutes the rows of q and k for its interleaved rotary layout;
 they are permuted back here, so the directory is a plain Hugging Face-layout llama.
 """
+
 import hashlib
 import json
 import os
@@ -21,9 +22,15 @@ from .errors import DFlashError
 
 GROUP_SIZE = 32  # MLX's GGUF reader quantizes every supported type in groups of 32
 LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
 }
 TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # tokenizer.ggml.pre -> how the text is split before BPE (llama.cpp's names for these schemes)
@@ -70,11 +77,15 @@ def convert(path: Path, out: Path):
     if arch is None:
         raise DFlashError(f"'{path}' has no GGUF metadata (general.architecture); is it a complete model file?")
     if arch != "llama":
-        raise DFlashError(f"'{path}' is a GGUF of architecture '{arch}'; only 'llama' GGUF files are supported "
-                          "(for others use the model's Hugging Face / mlx-community repository)")
+        raise DFlashError(
+            f"'{path}' is a GGUF of architecture '{arch}'; only 'llama' GGUF files are supported "
+            "(for others use the model's Hugging Face / mlx-community repository)"
+        )
     if "rope_freqs.weight" in tensors:
-        raise DFlashError(f"'{path}' uses rope frequency scaling (rope_freqs, Llama 3.1 style), which the "
-                          "GGUF reader does not carry over; use the model's Hugging Face repository instead")
+        raise DFlashError(
+            f"'{path}' uses rope frequency scaling (rope_freqs, Llama 3.1 style), which the "
+            "GGUF reader does not carry over; use the model's Hugging Face repository instead"
+        )
     out.mkdir(parents=True, exist_ok=True)
     write_tokenizer(meta, out)  # first: it refuses tokenizers it cannot build before any weights are written
     config = model_config(meta, tensors)
@@ -98,6 +109,7 @@ def check_header(path: Path):
     size = path.stat().st_size
     bad = DFlashError(f"'{path}' is not a readable GGUF file (a damaged or truncated header); re-download it")
     with open(path, "rb") as f:
+
         def take(n):
             if f.tell() + n > size:
                 raise bad
@@ -145,9 +157,11 @@ def read(path: Path) -> tuple:
     try:
         return mx.load(str(path), return_metadata=True)
     except Exception as e:
-        raise DFlashError(f"cannot read GGUF '{path}' ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                          "MLX reads F32, F16, Q4_0, Q4_1 and Q8_0 tensors: re-download the file or pick one "
-                          "of those quantizations") from None
+        raise DFlashError(
+            f"cannot read GGUF '{path}' ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            "MLX reads F32, F16, Q4_0, Q4_1 and Q8_0 tensors: re-download the file or pick one "
+            "of those quantizations"
+        ) from None
 
 
 def mlx_name(base: str, path) -> str:
@@ -202,7 +216,9 @@ def model_config(meta: dict, tensors: dict) -> dict:
     if bits:
         common = Counter(bits.values()).most_common(1)[0][0]
         config["quantization"] = {"group_size": GROUP_SIZE, "bits": common, "mode": "affine"}
-        config["quantization"].update({p: {"group_size": GROUP_SIZE, "bits": b} for p, b in bits.items() if b != common})
+        config["quantization"].update(
+            {p: {"group_size": GROUP_SIZE, "bits": b} for p, b in bits.items() if b != common}
+        )
     return {k: v for k, v in config.items() if v is not None}
 
 
@@ -214,13 +230,16 @@ def write_tokenizer(meta: dict, out: Path):
     if kind != "gpt2":
         raise DFlashError(f"the GGUF's tokenizer is '{kind}'; only byte-level BPE ('gpt2') tokenizers are supported")
     if pre in DIGITS_THEN_BYTES:
-        split = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                         pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        split = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
     elif pre in BYTES_ONLY:
         split = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
-        raise DFlashError(f"the GGUF's pre-tokenizer '{pre}' is not supported (supported: "
-                          f"{', '.join(DIGITS_THEN_BYTES + BYTES_ONLY)})")
+        raise DFlashError(
+            f"the GGUF's pre-tokenizer '{pre}' is not supported (supported: "
+            f"{', '.join(DIGITS_THEN_BYTES + BYTES_ONLY)})"
+        )
     tokens = list(meta["tokenizer.ggml.tokens"])
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
@@ -235,8 +254,9 @@ def write_tokenizer(meta: dict, out: Path):
         from tokenizers.processors import TemplateProcessing
 
         bos = name("tokenizer.ggml.bos_token_id")
-        tok.post_processor = TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
-                                                special_tokens=[(bos, tokens.index(bos))])
+        tok.post_processor = TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tokens.index(bos))]
+        )
     tok.save(str(out / "tokenizer.json"))
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",  # else transformers guesses a model-specific class

@@ -2,10 +2,10 @@
 its progress bars): a model's small config.json before anything large, the snapshot of the files a
 model needs, what those weigh before they are downloaded (the hub's file listing; the cache when
 offline), and one error line for each way the hub can fail."""
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from .errors import DFlashError
 from .memory import gb
@@ -20,7 +20,7 @@ def offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def cached(repo: str) -> Optional[Path]:
+def cached(repo: str) -> Path | None:
     """The repository's snapshot when the Hugging Face cache holds all the files it needs, else None.
     No network."""
     from huggingface_hub import snapshot_download
@@ -51,8 +51,7 @@ def config(repo: str, what: str, allow_download: bool = True) -> dict:
     """The repository's config.json alone (a few kB): from the cache, else from the hub."""
     from huggingface_hub import hf_hub_download
 
-    path = _call(lambda local: hf_hub_download(repo, "config.json", local_files_only=local), repo, what,
-                 allow_download)
+    path = _call(lambda local: hf_hub_download(repo, "config.json", local_files_only=local), repo, what, allow_download)
     try:
         return json.loads(Path(path).read_text())
     except (ValueError, UnicodeDecodeError) as e:
@@ -69,14 +68,25 @@ def snapshot(repo: str, what: str, allow_download: bool = True) -> Path:
         return path
     if (offline() or not allow_download) and isinstance(_cached_file(repo, "config.json"), str):
         # its config is here, some weights are not (an interrupted download), and none may come
-        why = (f"HF_HUB_OFFLINE=1 is set; run `hf download {repo}` online to complete it, or unset HF_HUB_OFFLINE"
-               if offline() else "downloads are off on this host; start the app with --allow-downloads")
+        why = (
+            f"HF_HUB_OFFLINE=1 is set; run `hf download {repo}` online to complete it, or unset HF_HUB_OFFLINE"
+            if offline()
+            else "downloads are off on this host; start the app with --allow-downloads"
+        )
         raise DFlashError(f"{what} '{repo}' is only partly in the Hugging Face cache and {why}")
-    path = Path(_call(lambda local: snapshot_download(repo, allow_patterns=HUB_FILES, local_files_only=local),
-                      repo, what, allow_download))
+    path = Path(
+        _call(
+            lambda local: snapshot_download(repo, allow_patterns=HUB_FILES, local_files_only=local),
+            repo,
+            what,
+            allow_download,
+        )
+    )
     if not _has_weights(path):
-        raise DFlashError(f"{what} '{repo}' has no complete set of .safetensors weights on the hub; "
-                          "is it an MLX or Hugging Face model repository?")
+        raise DFlashError(
+            f"{what} '{repo}' has no complete set of .safetensors weights on the hub; "
+            "is it an MLX or Hugging Face model repository?"
+        )
     return path
 
 
@@ -88,8 +98,13 @@ def _cached_file(repo: str, filename: str):
 
 def _call(fetch, repo: str, what: str, allow_download: bool):
     """fetch(local_files_only), its failures as one line that says what to do."""
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HFValidationError,
-                                        LocalEntryNotFoundError, RepositoryNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     try:
         return fetch(offline() or not allow_download)
@@ -108,14 +123,18 @@ def _call(fetch, repo: str, what: str, allow_download: bool):
     except HFValidationError:
         raise DFlashError(f"{what} '{repo}' is neither a local directory nor a hub id") from None
     except GatedRepoError:
-        raise DFlashError(f"{what} '{repo}' is gated: accept its license on huggingface.co and log in with "
-                          "`hf auth login`, or use an mlx-community conversion (`dflash models` lists them)") from None
+        raise DFlashError(
+            f"{what} '{repo}' is gated: accept its license on huggingface.co and log in with "
+            "`hf auth login`, or use an mlx-community conversion (`dflash models` lists them)"
+        ) from None
     except RepositoryNotFoundError:
         raise DFlashError(f"{what} '{repo}' is not on the Hugging Face hub (or is private); check the name") from None
     except EntryNotFoundError:
         raise DFlashError(f"{what} '{repo}' has no config.json; is it a model repository?") from None
     except Exception as e:  # HTTP errors, the hub down
-        raise DFlashError(f"could not fetch {what} '{repo}' from the hub: {type(e).__name__}: {e}".splitlines()[0]) from None
+        raise DFlashError(
+            f"could not fetch {what} '{repo}' from the hub: {type(e).__name__}: {e}".splitlines()[0]
+        ) from None
 
 
 @dataclass
@@ -123,8 +142,8 @@ class RepoSize:
     """What a repository's needed files weigh. `total` None: unknown (offline, not in the cache)."""
 
     repo: str
-    total: Optional[int]
-    to_download: Optional[int]  # of which not in the cache yet
+    total: int | None
+    to_download: int | None  # of which not in the cache yet
     source: str  # "cache" (all there, measured on disk), "hub" (its file listing) or "unknown"
 
     def text(self) -> str:

@@ -3,6 +3,7 @@
 A wheel ships them inside the package (dflash_core/assets, dflash_core.ui), so an installed copy
 has one top-level name; an editable install maps dflash_core.ui to the clone's ui/.
 """
+
 import importlib
 import importlib.util
 from importlib.resources import files

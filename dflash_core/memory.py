@@ -6,6 +6,7 @@ quarters of the memory); past it the pair pages out and decoding crawls. mlx-lm 
 so does this project: when a pair is about to be downloaded (estimated from its files) and when it
 has been loaded (measured).
 """
+
 import os
 
 from . import backend
@@ -21,8 +22,11 @@ def device_memory() -> dict:
     stands for both."""
     info = mx.device_info()
     if "max_recommended_working_set_size" in info:
-        return {"memory": info.get("memory_size", info["max_recommended_working_set_size"]),
-                "working_set": info["max_recommended_working_set_size"], "source": "Metal's recommended working set"}
+        return {
+            "memory": info.get("memory_size", info["max_recommended_working_set_size"]),
+            "working_set": info["max_recommended_working_set_size"],
+            "source": "Metal's recommended working set",
+        }
     total = info.get("total_memory") or info.get("memory_size")
     if total:
         return {"memory": total, "working_set": total, "source": "the GPU's memory"}
@@ -45,9 +49,11 @@ def fit_warning(nbytes: int, what: str) -> str:
     m = device_memory()
     if nbytes <= NEAR_LIMIT * m["working_set"]:
         return ""
-    return (f"{what} takes {gb(nbytes)}, more than {NEAR_LIMIT:.0%} of this device's working set "
-            f"({gb(m['working_set'])}, {m['source']}; {gb(m['memory'])} memory in all): it may page out "
-            "and decode slowly; a 4-bit target (mlx-community) or --draft-quant 4 needs less")
+    return (
+        f"{what} takes {gb(nbytes)}, more than {NEAR_LIMIT:.0%} of this device's working set "
+        f"({gb(m['working_set'])}, {m['source']}; {gb(m['memory'])} memory in all): it may page out "
+        "and decode slowly; a 4-bit target (mlx-community) or --draft-quant 4 needs less"
+    )
 
 
 def loaded_bytes(config: dict, file_bytes: int) -> int:

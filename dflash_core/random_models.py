@@ -1,5 +1,6 @@
 """Random targets (qwen3, qwen3_5 hybrid, llama) and random drafts in the public format, written
 as model directories: for the tests and for trying the engine on unseen models."""
+
 import inspect
 import json
 import random
@@ -16,26 +17,45 @@ FAMILIES = ("qwen3", "qwen3_5", "llama")
 # Real models' shapes, for measuring the machinery at scale with random weights (oracle drafts).
 SHAPES = {
     "tiny": {},
-    "qwen3-4b": dict(hidden=2560, layers=36, intermediate=9728, heads=32, kv_heads=8, head_dim=128,
-                     model_vocab=151936, draft_layers=5),
+    "qwen3-4b": dict(
+        hidden=2560,
+        layers=36,
+        intermediate=9728,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        model_vocab=151936,
+        draft_layers=5,
+    ),
 }
 
 
 def _corpus() -> list:
-    import collections, textwrap  # any stdlib sources do; these are always present
+    import collections
+    import textwrap  # any stdlib sources do; these are always present
 
     return [inspect.getsource(m) for m in (collections, json, textwrap)]
 
 
-def target_config(family: str, vocab: int, eos: list, hidden=64, layers=4, tie=False,
-                  intermediate=None, heads=4, kv_heads=2, head_dim=None) -> dict:
+def target_config(
+    family: str,
+    vocab: int,
+    eos: list,
+    hidden=64,
+    layers=4,
+    tie=False,
+    intermediate=None,
+    heads=4,
+    kv_heads=2,
+    head_dim=None,
+) -> dict:
     """Small by default; untied heads, since a tied random model just repeats its input token."""
-    return model_config(family, vocab, eos, hidden, layers, heads, kv_heads, intermediate or hidden * 2,
-                        tie=tie, head_dim=head_dim)
+    return model_config(
+        family, vocab, eos, hidden, layers, heads, kv_heads, intermediate or hidden * 2, tie=tie, head_dim=head_dim
+    )
 
 
-def write_target(out: Path, family: str, seed: int = 0, vocab_size: int = 512, model_vocab: int = None,
-                 **kw) -> Path:
+def write_target(out: Path, family: str, seed: int = 0, vocab_size: int = 512, model_vocab: int = None, **kw) -> Path:
     """model_vocab > the tokenizer's vocabulary gives a real model's embedding size; ids past the
     tokenizer's only come out of the model, never from text."""
     out = Path(out)
@@ -52,8 +72,9 @@ def write_target(out: Path, family: str, seed: int = 0, vocab_size: int = 512, m
     return out
 
 
-def write_draft(out: Path, target_dir: Path, layers: int = 2, block_size: int = 16, seed: int = 1,
-                config_overrides: dict = None) -> Path:
+def write_draft(
+    out: Path, target_dir: Path, layers: int = 2, block_size: int = 16, seed: int = 1, config_overrides: dict = None
+) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tcfg = json.loads((Path(target_dir) / "config.json").read_text())
@@ -80,8 +101,9 @@ def write_pair(root: Path, family: str, seed: int = 0, **draft_kw):
 def main(argv=None):
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m dflash_core.random_models",
-                                description="write a random target + draft pair")
+    p = argparse.ArgumentParser(
+        prog="python -m dflash_core.random_models", description="write a random target + draft pair"
+    )
     p.add_argument("--family", choices=FAMILIES, default="qwen3")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=random.randrange(1 << 30))

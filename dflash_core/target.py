@@ -4,9 +4,9 @@ mlx-lm's model files stay untouched: the tapped decoder layers (and, in GatedDel
 conv1d and the recurrence function) are given thin recording subclasses / wrappers at load time,
 so new mlx-lm releases keep working.
 """
+
 import sys
 from dataclasses import dataclass
-from typing import Optional
 
 import mlx.core as mx
 from mlx_lm.models.base import gather_last_axis
@@ -41,7 +41,7 @@ class _Recorder:
         self.gdn = None  # [(args, kwargs), ...] in GatedDeltaNet call order
 
 
-_ACTIVE: Optional[_Recorder] = None  # the recorder of the forward in progress (one MLX thread)
+_ACTIVE: _Recorder | None = None  # the recorder of the forward in progress (one MLX thread)
 
 
 def _tap_layer(layer, index: int):
@@ -163,9 +163,7 @@ class Target:
         """(normed final hidden, [tapped hidden states in tap_ids order]) through the cache."""
         h, rec = self._recorded(mx.array(ids)[None], self.cache, tape_gdn)
         self._tapes = (
-            [GDNTape(c, args, kw) for c, (args, kw) in zip(rec.conv, rec.gdn)]
-            if rec.gdn is not None
-            else None
+            [GDNTape(c, args, kw) for c, (args, kw) in zip(rec.conv, rec.gdn)] if rec.gdn is not None else None
         )
         return h, [rec.hidden[i] for i in self.tap_ids]
 
@@ -237,6 +235,14 @@ def rollback_gdn(cache: ArraysCache, tape: GDNTape, kept: int, kernel: int, recu
     q, k, v, a, b, A_log, dt_bias, state = tape.args[:8]
     rest = tuple(x[:, :kept] if isinstance(x, mx.array) else x for x in tape.args[8:])  # mask
     _, cache[1] = recurrence(
-        q[:, :kept], k[:, :kept], v[:, :kept], a[:, :kept], b[:, :kept],
-        A_log, dt_bias, state, *rest, **tape.kwargs,
+        q[:, :kept],
+        k[:, :kept],
+        v[:, :kept],
+        a[:, :kept],
+        b[:, :kept],
+        A_log,
+        dt_bias,
+        state,
+        *rest,
+        **tape.kwargs,
     )

@@ -1,5 +1,6 @@
 """Byte-level BPE tokenizers for the models this project builds (shipped pair, test models), and
 the one streaming detokenizer for generated text."""
+
 import json
 from pathlib import Path
 
@@ -48,6 +49,26 @@ def save_tokenizer(tok: Tokenizer, out: Path, chat_template: bool = True) -> dic
     return {name: tok.token_to_id(name) for name in SPECIALS}
 
 
+def chat_ids(tokenizer, messages: list, template_args: dict = None) -> list:
+    """Messages through the model's chat template, as token ids. Thinking is off unless
+    `template_args` turn it on: the one default for the CLI, the page, the server and the trainer."""
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, **{"enable_thinking": False, **(template_args or {})}
+    )
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def encode_prompt(
+    tokenizer, prompt: str, chat_template: bool = True, system_prompt: str = None, template_args: dict = None
+) -> list:
+    """One prompt as the engines see it: a user turn in the chat template when the model has one
+    and `chat_template` asks for it, else the raw text."""
+    if chat_template and getattr(tokenizer, "has_chat_template", False):
+        system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        return chat_ids(tokenizer, system + [{"role": "user", "content": prompt}], template_args)
+    return tokenizer.encode(prompt)
+
+
 class TextStream:
     """Generated text as it comes: add() returns the text that the new tokens complete, holding
     back a character split over tokens or cycles (decoded as U+FFFD until its last byte arrives);
@@ -78,4 +99,4 @@ class TextStream:
 
     def _pending_text(self) -> str:
         head, full = self.decode(self.context), self.decode(self.context + self.pending)
-        return full[len(head):] if full.startswith(head) else self.decode(self.pending)
+        return full[len(head) :] if full.startswith(head) else self.decode(self.pending)

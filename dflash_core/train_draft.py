@@ -12,6 +12,7 @@
 - Evaluation runs the real engine loop (`engine.dflash_generate`) and reports tokens per cycle;
   with --val-sequences also the loss on sequences held out of training.
 """
+
 import argparse
 import json
 import math
@@ -20,11 +21,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
+import numpy as np
 from mlx.utils import tree_flatten
 
 from .argtypes import count, positive_int, probability
@@ -34,6 +34,7 @@ from .draft import DraftConfig, DraftModel
 from .engine import baseline_generate, dflash_generate
 from .errors import DFlashError
 from .target import Target
+from .tokenizer import encode_prompt
 from .training import Run, count_params, make_step, write_weights
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -66,13 +67,16 @@ def prompt_texts(data: str, seed: int, n: int) -> tuple:
                 try:
                     prompts.append(json.loads(line)["prompt"])
                 except (json.JSONDecodeError, KeyError, TypeError):
-                    raise DFlashError(f"{path}: every line must be a JSON object with a \"prompt\" field") from None
+                    raise DFlashError(f'{path}: every line must be a JSON object with a "prompt" field') from None
         rng.shuffle(prompts)
         n_eval = max(1, min(8, len(prompts) // 10))
         return prompts[n_eval:], prompts[:n_eval]
     elif path.is_dir():
-        docs = [(str(f), f.read_text(errors="replace")) for f in sorted(path.rglob("*"))
-                if f.is_file() and f.suffix in (".py", ".txt", ".md")]
+        docs = [
+            (str(f), f.read_text(errors="replace"))
+            for f in sorted(path.rglob("*"))
+            if f.is_file() and f.suffix in (".py", ".txt", ".md")
+        ]
     elif path.is_file():
         docs = [(str(path), path.read_text(errors="replace"))]
     else:
@@ -86,16 +90,6 @@ def prompt_texts(data: str, seed: int, n: int) -> tuple:
         raise DFlashError(f"--data '{data}' gave too few prompts ({len(prompts)})")
     n_eval = max(1, min(8, len(prompts) // 10))
     return prompts[n_eval : n_eval + n], prompts[:n_eval]
-
-
-def encode_prompt(tokenizer, text: str, chat: bool) -> list:
-    """Exactly as `Pair.encode` does it, so the draft trains on the inference formatting."""
-    if chat and getattr(tokenizer, "has_chat_template", False):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                             add_generation_prompt=True, tokenize=False,
-                                             enable_thinking=False)
-        return tokenizer.encode(text, add_special_tokens=False)
-    return tokenizer.encode(text)
 
 
 def regenerate(model, tokenizer, prompts: list, max_new: int, batch: int, log=print) -> list:
@@ -275,14 +269,17 @@ def new_draft(model, tokenizer, args) -> DraftModel:
     which was trained on that norm's scale."""
     mask_id = tokenizer.convert_tokens_to_ids(args.mask_token) if hasattr(tokenizer, "convert_tokens_to_ids") else None
     if mask_id is None or mask_id == getattr(tokenizer, "unk_token_id", -1):
-        raise DFlashError(f"the target's tokenizer has no '{args.mask_token}' token; give --mask-token (a reserved special token)")
+        raise DFlashError(
+            f"the target's tokenizer has no '{args.mask_token}' token; give --mask-token (a reserved special token)"
+        )
     n_target = len(model.layers)
     bad = [i for i in args.target_layers or [] if not 0 <= i < n_target]
     if bad:
         raise DFlashError(f"--target-layers {bad} are outside the target's {n_target} layers (0..{n_target - 1})")
     target_args = vars(Target._text_owner(model).args)  # qwen3_5 nests the text model's args
-    cfg = DraftConfig.for_target(target_args, args.layers, mask_id, args.block_size, args.intermediate,
-                                 args.target_layers)
+    cfg = DraftConfig.for_target(
+        target_args, args.layers, mask_id, args.block_size, args.intermediate, args.target_layers
+    )
     mx.random.seed(args.seed)
     draft = DraftModel(cfg)
     draft.norm.weight = Target.text_model(model).norm.weight.astype(mx.float32)
@@ -361,20 +358,23 @@ def training_data(args, model, tokenizer, log=print) -> tuple:
     if args.data == "chat":  # a chat target's requests: every one in its chat template
         from .chat_prompts import chat_prompts, heldout_requests
 
-        texts, eval_texts = ([], heldout_requests()) if reuse else chat_prompts(
-            model, tokenizer, args.num_prompts, args.seed, args.own_prompts, log)
+        texts, eval_texts = (
+            ([], heldout_requests())
+            if reuse
+            else chat_prompts(model, tokenizer, args.num_prompts, args.seed, args.own_prompts, log)
+        )
         chat_fraction = 1.0
     else:
         texts, eval_texts = prompt_texts(args.data, args.seed, args.num_prompts)
         chat_fraction = args.chat_fraction
-    eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens:] for t in eval_texts]
+    eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens :] for t in eval_texts]
     if reuse:
         return (*read_data(caches, log), eval_prompts)
     cache = caches[0] if caches else None
     texts = with_renamed_names(texts, args.rename_fraction, random.Random(args.seed + 1))
     rng = random.Random(args.seed)
     chat = [rng.random() < chat_fraction for _ in texts]
-    prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens:] for t, c in zip(texts, chat)]
+    prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens :] for t, c in zip(texts, chat)]
     prompts = [list(p) for p in dict.fromkeys(map(tuple, prompts))]  # drawn twice: generated and trained once
     responses = regenerate(model, tokenizer, prompts, args.response_tokens, args.gen_batch, log)
     if cache:  # written whole, then renamed: a concurrent run may be waiting for it
@@ -391,8 +391,10 @@ def read_data(paths: list, log=print) -> tuple:
     prompts, responses, seen = [], [], set()
     for path in paths:
         if not path.is_file():
-            raise DFlashError(f"--data-cache {path} does not exist; regenerate it first (train-draft --data-only "
-                              f"--data-cache {path}): several files are only read")
+            raise DFlashError(
+                f"--data-cache {path} does not exist; regenerate it first (train-draft --data-only "
+                f"--data-cache {path}): several files are only read"
+            )
         saved = json.loads(path.read_text())
         for p, r in zip(saved["prompts"], saved["responses"]):
             if tuple(p) not in seen:
@@ -419,8 +421,10 @@ def train(args, log=print) -> dict:
     draft = resumed_draft(model, args) if args.resume else new_draft(model, tokenizer, args)
     cfg, B = draft.config, draft.config.block_size
     target = Target(model, cfg.target_layer_ids)
-    log(f"target {args.target}: {target.num_layers} layers; draft taps {cfg.target_layer_ids}, "
-        f"{cfg.num_hidden_layers} layer(s), block {B}, mask id {cfg.mask_token_id}")
+    log(
+        f"target {args.target}: {target.num_layers} layers; draft taps {cfg.target_layer_ids}, "
+        f"{cfg.num_hidden_layers} layer(s), block {B}, mask id {cfg.mask_token_id}"
+    )
 
     # data: the target's own continuations; --val-sequences of them are never trained on: their
     # loss tells overfitting (train loss falls, this one does not) from a draft too small to learn more
@@ -455,14 +459,21 @@ def train(args, log=print) -> dict:
     def evaluate(tag: str) -> float:
         """The engine's tokens per cycle on the held-out prompts (and the held-out sequences' loss)."""
         tau = tokens_per_cycle(target, draft, eval_prompts[: args.eval_prompts], args.eval_tokens, eos)
-        history.append({"step": run.step, "tau": round(tau, 3),
-                        "loss": round(float(np.mean(run.losses[-50:])), 4) if run.losses else None})
+        history.append(
+            {
+                "step": run.step,
+                "tau": round(tau, 3),
+                "loss": round(float(np.mean(run.losses[-50:])), 4) if run.losses else None,
+            }
+        )
         val = ""
         if n_val:
             history[-1]["val_loss"] = round(validation_loss(draft, blocks, val_rows, args.batch_size), 4)
             val = f"; loss on {n_val} held-out sequences {history[-1]['val_loss']:.3f}"
-        run.log(f"{tag}: step {run.step}/{total}, engine tokens per cycle {tau:.2f} on "
-                f"{min(len(eval_prompts), args.eval_prompts)} held-out prompts{val}")
+        run.log(
+            f"{tag}: step {run.step}/{total}, engine tokens per cycle {tau:.2f} on "
+            f"{min(len(eval_prompts), args.eval_prompts)} held-out prompts{val}"
+        )
         return tau
 
     for lr in run:
@@ -480,15 +491,27 @@ def train(args, log=print) -> dict:
 
     window = max(1, min(50, len(run.losses) // 4))  # loss at the start and at the end, smoothed
     summary = {
-        "target": str(args.target), "layers": cfg.num_hidden_layers, "params": count_params(draft), "block_size": B,
-        "target_layer_ids": cfg.target_layer_ids, "sequences": len(train_rows), "val_sequences": n_val,
+        "target": str(args.target),
+        "layers": cfg.num_hidden_layers,
+        "params": count_params(draft),
+        "block_size": B,
+        "target_layer_ids": cfg.target_layer_ids,
+        "sequences": len(train_rows),
+        "val_sequences": n_val,
         "response_tokens": n_resp,
-        "batch_size": args.batch_size, "anchors": args.anchors, "loss_gamma": loss_gamma(B),
-        "compute_dtype": args.compute_dtype, "distill": args.distill, "steps": run.step,
-        "epochs_run": round(run.step / steps_per_epoch, 2), "data_seconds": round(t_data),
-        "train_seconds": round(train_seconds), "final_loss": round(float(np.mean(run.losses[-window:])), 4),
+        "batch_size": args.batch_size,
+        "anchors": args.anchors,
+        "loss_gamma": loss_gamma(B),
+        "compute_dtype": args.compute_dtype,
+        "distill": args.distill,
+        "steps": run.step,
+        "epochs_run": round(run.step / steps_per_epoch, 2),
+        "data_seconds": round(t_data),
+        "train_seconds": round(train_seconds),
+        "final_loss": round(float(np.mean(run.losses[-window:])), 4),
         "first_loss": round(float(np.mean(run.losses[:window])), 4),
-        "eval_tau": round(tau, 3), "history": history,
+        "eval_tau": round(tau, 3),
+        "history": history,
     }
     if n_val:
         summary["val_loss"] = history[-1]["val_loss"]
@@ -520,8 +543,16 @@ class Blocks:
     the target, their labels and loss weights (see make_batch). The target is frozen: with
     cache_taps its taps are computed once for all steps."""
 
-    def __init__(self, data: Sequences, target: Target, cfg: DraftConfig, n_anchors: int, distill: bool,
-                 cache_taps: bool, log=print):
+    def __init__(
+        self,
+        data: Sequences,
+        target: Target,
+        cfg: DraftConfig,
+        n_anchors: int,
+        distill: bool,
+        cache_taps: bool,
+        log=print,
+    ):
         self.data, self.target, self.cfg, self.n_anchors, self.distill = data, target, cfg, n_anchors, distill
         self.n_taps = len(cfg.target_layer_ids)
         B = cfg.block_size
@@ -541,9 +572,16 @@ class Blocks:
     def __call__(self, rows, rng) -> tuple:
         """(inputs of the step, how many of its blocks are real)."""
         block_ids, anchors, seq_of_block, labels, weights, n_blocks = make_batch(
-            self.data, rows, self.n_anchors, self.cfg, self.weights_k, rng)
-        inputs = (self.taps(rows), self.target.embed(mx.array(block_ids)), mx.array(anchors),
-                  mx.array(seq_of_block), mx.array(labels), weights)
+            self.data, rows, self.n_anchors, self.cfg, self.weights_k, rng
+        )
+        inputs = (
+            self.taps(rows),
+            self.target.embed(mx.array(block_ids)),
+            mx.array(anchors),
+            mx.array(seq_of_block),
+            mx.array(labels),
+            weights,
+        )
         return inputs, n_blocks
 
 
@@ -571,8 +609,9 @@ def block_loss(head, cfg: DraftConfig, distill: float):
 
     def loss(draft, taps, block_embeds, anchors, seq_of_block, labels, weights):
         teacher = teacher_logits(head, taps[n_taps], anchors, seq_of_block, cfg.block_size) if distill else None
-        return draft_loss(draft, head, taps[:n_taps], block_embeds, anchors, seq_of_block, labels, weights,
-                          teacher, distill)
+        return draft_loss(
+            draft, head, taps[:n_taps], block_embeds, anchors, seq_of_block, labels, weights, teacher, distill
+        )
 
     return loss
 
@@ -591,33 +630,61 @@ def validation_loss(draft, blocks: Blocks, rows, batch_size: int) -> float:
 
 def add_arguments(p):
     p.add_argument("--target", required=True, help="mlx-lm target: local directory or Hugging Face hub id")
-    p.add_argument("--data", default="stdlib",
-                   help="'chat' (a chat target: requests from templates and ones it writes itself; evaluated on "
-                        "assets/prompts/chat_heldout.json), 'stdlib', a directory/file of source text, "
-                        "or a .jsonl of {\"prompt\": ...}")
-    p.add_argument("--own-prompts", type=probability, default=0.5,
-                   help="with --data chat: share of the prompts the target writes itself")
+    p.add_argument(
+        "--data",
+        default="stdlib",
+        help="'chat' (a chat target: requests from templates and ones it writes itself; evaluated on "
+        "assets/prompts/chat_heldout.json), 'stdlib', a directory/file of source text, "
+        'or a .jsonl of {"prompt": ...}',
+    )
+    p.add_argument(
+        "--own-prompts",
+        type=probability,
+        default=0.5,
+        help="with --data chat: share of the prompts the target writes itself",
+    )
     p.add_argument("--out", required=True, help="draft directory to write")
     p.add_argument("--layers", type=positive_int, default=1, help="draft layers")
     p.add_argument("--intermediate", type=positive_int, help="draft MLP size (default: the target's)")
-    p.add_argument("--target-layers", type=int, nargs="+",
-                   help="target layers whose hidden states the draft reads (default: the published spacing rule)")
+    p.add_argument(
+        "--target-layers",
+        type=int,
+        nargs="+",
+        help="target layers whose hidden states the draft reads (default: the published spacing rule)",
+    )
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--cache-taps", action="store_true",
-                   help="compute the target's hidden states once and keep them (memory: sequences x length x hidden x taps)")
+    p.add_argument(
+        "--cache-taps",
+        action="store_true",
+        help="compute the target's hidden states once and keep them (memory: sequences x length x hidden x taps)",
+    )
     p.add_argument("--resume", help="draft directory to continue training from (its config wins)")
-    p.add_argument("--add-layers", type=count, default=0,
-                   help="with --resume: put this many new layers on top, each starting as the identity")
+    p.add_argument(
+        "--add-layers",
+        type=count,
+        default=0,
+        help="with --resume: put this many new layers on top, each starting as the identity",
+    )
     p.add_argument("--mask-token", default="<|mask|>")
     p.add_argument("--num-prompts", type=positive_int, default=2000)
-    p.add_argument("--data-cache", nargs="+",
-                   help="JSON file: reuse the regenerated data if it exists, else write it; several files "
-                        "(from --data-only runs, e.g. one per --seed) are read and merged")
-    p.add_argument("--data-only", action="store_true",
-                   help="only regenerate the data into --data-cache (then train several drafts on it)")
+    p.add_argument(
+        "--data-cache",
+        nargs="+",
+        help="JSON file: reuse the regenerated data if it exists, else write it; several files "
+        "(from --data-only runs, e.g. one per --seed) are read and merged",
+    )
+    p.add_argument(
+        "--data-only",
+        action="store_true",
+        help="only regenerate the data into --data-cache (then train several drafts on it)",
+    )
     p.add_argument("--chat-fraction", type=probability, default=0.7, help="share of prompts in the chat template")
-    p.add_argument("--rename-fraction", type=probability, default=0.0,
-                   help="share of prompts whose own names are swapped for others (code the target never saw)")
+    p.add_argument(
+        "--rename-fraction",
+        type=probability,
+        default=0.0,
+        help="share of prompts whose own names are swapped for others (code the target never saw)",
+    )
     p.add_argument("--max-prompt-tokens", type=positive_int, default=256)
     p.add_argument("--response-tokens", type=positive_int, default=256)
     p.add_argument("--gen-batch", type=positive_int, default=256)
@@ -627,17 +694,29 @@ def add_arguments(p):
     p.add_argument("--minutes", type=float, help="train for this long at most (schedule by time)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--distill", type=probability, default=0.0,
-                   help="0..1: share of the loss taken against the target's whole next-token distribution "
-                        "instead of its greedy token (0: greedy tokens only, the published recipe)")
-    p.add_argument("--val-sequences", type=count, default=0,
-                   help="hold out this many sequences of the data and report the draft's loss on them at each evaluation")
+    p.add_argument(
+        "--distill",
+        type=probability,
+        default=0.0,
+        help="0..1: share of the loss taken against the target's whole next-token distribution "
+        "instead of its greedy token (0: greedy tokens only, the published recipe)",
+    )
+    p.add_argument(
+        "--val-sequences",
+        type=count,
+        default=0,
+        help="hold out this many sequences of the data and report the draft's loss on them at each evaluation",
+    )
     p.add_argument("--eval-every", type=count, default=200)
     p.add_argument("--eval-prompts", type=count, default=4)
     p.add_argument("--eval-tokens", type=positive_int, default=128)
     p.add_argument("--log-every", type=positive_int, default=20)
-    p.add_argument("--compute-dtype", choices=DTYPES, default="float32",
-                   help="bfloat16: forward and backward in 16 bits over float32 master weights "
-                        "(several times faster on a GPU; slow on a CPU)")
+    p.add_argument(
+        "--compute-dtype",
+        choices=DTYPES,
+        default="float32",
+        help="bfloat16: forward and backward in 16 bits over float32 master weights "
+        "(several times faster on a GPU; slow on a CPU)",
+    )
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--seed", type=int, default=0)

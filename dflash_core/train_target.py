@@ -5,17 +5,17 @@ Samples are either raw windows of a file, or chat turns: the user message is a f
 lines of a file and the assistant's reply is the code that follows them, so the model answers
 `Pair.encode(prompt)` (chat template on) with a plausible continuation of the prompt's code.
 """
+
 import argparse
 import json
 import random
 import time
 from pathlib import Path
 
-import numpy as np
-
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
+import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .argtypes import count, positive_int, probability
@@ -24,7 +24,6 @@ from .corpus import read_corpus, renamed_copies, stdlib_dir, top_level_prompts
 from .errors import DFlashError
 from .tokenizer import EOS, IM_END, IM_START, save_tokenizer, train_bpe
 from .training import Run, count_params, make_step, write_weights
-
 
 # ---------------------------------------------------------------------------- samples
 
@@ -105,9 +104,19 @@ class SampleMaker:
 ARCHS = ("qwen3", "qwen3_5")
 
 
-def model_config(arch: str, vocab: int, eos: list, hidden: int, layers: int, heads: int,
-                 kv_heads: int, intermediate: int, max_positions: int = 4096, tie: bool = True,
-                 head_dim: int = None) -> dict:
+def model_config(
+    arch: str,
+    vocab: int,
+    eos: list,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    max_positions: int = 4096,
+    tie: bool = True,
+    head_dim: int = None,
+) -> dict:
     """An mlx-lm config.json for a model built from scratch (qwen3, qwen3_5, llama)."""
     head_dim = head_dim or hidden // heads
     cfg = {
@@ -188,15 +197,26 @@ def check_shape(args):
     """Build the requested shape (two layers of it) and run two tokens through it before the
     tokenizer's minutes of training: mlx-lm's own objection (head sizes, grouped-query ratios)
     becomes one error line."""
-    cfg = model_config(args.arch, args.vocab_size, [0], args.hidden, min(args.layers, 2), args.heads,
-                       args.kv_heads, args.intermediate, args.max_positions)
+    cfg = model_config(
+        args.arch,
+        args.vocab_size,
+        [0],
+        args.hidden,
+        min(args.layers, 2),
+        args.heads,
+        args.kv_heads,
+        args.intermediate,
+        args.max_positions,
+    )
     try:
         mx.eval(build_model(cfg)(mx.array([[1, 2]])))
     except ValueError as e:
-        raise DFlashError(f"--hidden {args.hidden} --heads {args.heads} --kv-heads {args.kv_heads} do not make a "
-                          f"{args.arch} model ({str(e).splitlines()[0].rstrip('.')}): give an even number of heads, a "
-                          f"multiple of kv-heads, whose size hidden / heads is a multiple of 4, e.g. --hidden 256 "
-                          f"--heads 4 --kv-heads 2") from None
+        raise DFlashError(
+            f"--hidden {args.hidden} --heads {args.heads} --kv-heads {args.kv_heads} do not make a "
+            f"{args.arch} model ({str(e).splitlines()[0].rstrip('.')}): give an even number of heads, a "
+            f"multiple of kv-heads, whose size hidden / heads is a multiple of 4, e.g. --hidden 256 "
+            f"--heads 4 --kv-heads 2"
+        ) from None
 
 
 def train(args, log=print) -> dict:
@@ -224,8 +244,17 @@ def train(args, log=print) -> dict:
     log(f"tokenizer: {vocab} tokens; {maker.num_tokens:,} training tokens")
 
     # model: float32 master weights; with --compute-dtype bfloat16 a 16-bit working copy
-    cfg = model_config(args.arch, vocab, [ids[EOS], ids[IM_END]], args.hidden, args.layers,
-                       args.heads, args.kv_heads, args.intermediate, args.max_positions)
+    cfg = model_config(
+        args.arch,
+        vocab,
+        [ids[EOS], ids[IM_END]],
+        args.hidden,
+        args.layers,
+        args.heads,
+        args.kv_heads,
+        args.intermediate,
+        args.max_positions,
+    )
     mx.random.seed(args.seed)
     model = build_model(cfg)
     n_params = count_params(model)
@@ -264,13 +293,27 @@ def train(args, log=print) -> dict:
     save_model(model, cfg, out)
     write_eval_prompts(out, train_docs, heldout_docs, args.seed)
     return {
-        "arch": args.arch, "params": n_params, "vocab": vocab, "steps": run.step, "kept_step": kept_step,
-        "tokens": run.tokens, "train_seconds": round(train_seconds), "total_seconds": round(time.time() - t_start),
+        "arch": args.arch,
+        "params": n_params,
+        "vocab": vocab,
+        "steps": run.step,
+        "kept_step": kept_step,
+        "tokens": run.tokens,
+        "train_seconds": round(train_seconds),
+        "total_seconds": round(time.time() - t_start),
         "final_train_loss": round(float(np.mean(run.losses[-20:])), 4),
-        "heldout_loss": round(val, 4), "keep": args.keep, "renamed_copies": args.renamed_copies, "dropout": args.dropout,
-        "lowest_heldout_loss": {"loss": round(lowest[0], 4), "step": lowest[1]}, "corpus": str(root),
-        "corpus_tokens": maker.num_tokens, "train_files": len(train_docs), "heldout_files": len(heldout_docs),
-        "seq_len": args.seq_len, "compute_dtype": args.compute_dtype, "config": cfg,
+        "heldout_loss": round(val, 4),
+        "keep": args.keep,
+        "renamed_copies": args.renamed_copies,
+        "dropout": args.dropout,
+        "lowest_heldout_loss": {"loss": round(lowest[0], 4), "step": lowest[1]},
+        "corpus": str(root),
+        "corpus_tokens": maker.num_tokens,
+        "train_files": len(train_docs),
+        "heldout_files": len(heldout_docs),
+        "seq_len": args.seq_len,
+        "compute_dtype": args.compute_dtype,
+        "config": cfg,
     }
 
 
@@ -314,16 +357,31 @@ def add_arguments(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=positive_int, default=50)
     p.add_argument("--eval-every", type=count, default=500)
-    p.add_argument("--renamed-copies", type=count, default=0,
-                   help="also train on this many copies of each file with its own names swapped for "
-                        "other files' names (more data from a small corpus; teaches copying names)")
-    p.add_argument("--dropout", type=probability, default=0.0,
-                   help="drop out each layer's update to the residual stream with this probability "
-                        "while training (a small corpus read for many epochs is memorised otherwise)")
-    p.add_argument("--keep", choices=("best", "last"), default="best",
-                   help="best: the weights with the lowest held-out loss (they generalise best); "
-                        "last: the final weights")
-    p.add_argument("--compute-dtype", choices=DTYPES, default="float32",
-                   help="bfloat16: forward and backward in 16 bits over float32 master weights "
-                        "(several times faster on a GPU; slow on a CPU)")
+    p.add_argument(
+        "--renamed-copies",
+        type=count,
+        default=0,
+        help="also train on this many copies of each file with its own names swapped for "
+        "other files' names (more data from a small corpus; teaches copying names)",
+    )
+    p.add_argument(
+        "--dropout",
+        type=probability,
+        default=0.0,
+        help="drop out each layer's update to the residual stream with this probability "
+        "while training (a small corpus read for many epochs is memorised otherwise)",
+    )
+    p.add_argument(
+        "--keep",
+        choices=("best", "last"),
+        default="best",
+        help="best: the weights with the lowest held-out loss (they generalise best); last: the final weights",
+    )
+    p.add_argument(
+        "--compute-dtype",
+        choices=DTYPES,
+        default="float32",
+        help="bfloat16: forward and backward in 16 bits over float32 master weights "
+        "(several times faster on a GPU; slow on a CPU)",
+    )
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)

@@ -1,14 +1,14 @@
 """What the two trainers share: the learning-rate schedule, the optimizer step on float32 master
 weights, the run's clock, progress bar, log lines and cadence, and the weight files they write."""
+
 import json
 import math
 import time
 from pathlib import Path
 
-import numpy as np
-
 import mlx.core as mx
 import mlx.optimizers as optim
+import numpy as np
 from mlx.utils import tree_flatten, tree_map
 from tqdm import tqdm
 
@@ -29,6 +29,7 @@ def value_and_master_grad(master, work, low, loss):
     """loss(work) and its gradient w.r.t. master's trainable weights, with `work` holding those
     weights cast to `low` (bfloat16: 16-bit forward and backward, float32 master weights for the
     optimizer). With low float32, work is master itself and this is plain value_and_grad."""
+
     def of(params):
         work.update(tree_map(lambda w: w.astype(low), params))
         return loss(work)
@@ -40,6 +41,7 @@ def make_step(master, work, low, opt, loss, state: list, compile: bool):
     """step(*batch) -> the batch's loss, after one update of master's weights by `opt` on the
     gradient of loss(model, *batch) (computed in `low`, see value_and_master_grad), clipped to
     norm 1. state: what the step reads and writes, for mx.compile (the models', the optimizer's)."""
+
     def step(*batch):
         value, grads = value_and_master_grad(master, work, low, lambda model: loss(model, *batch))
         grads, _ = optim.clip_grad_norm(grads, 1.0)
@@ -56,8 +58,16 @@ class Run:
     The clock starts after the first step, which traces the graph and compiles the kernels.
     Each step ends with record(); every log_every steps a line goes to `log`."""
 
-    def __init__(self, steps: int, minutes: float, peak_lr: float, log_every: int, log,
-                 unit: str = "tok", steps_per_epoch: int = None):
+    def __init__(
+        self,
+        steps: int,
+        minutes: float,
+        peak_lr: float,
+        log_every: int,
+        log,
+        unit: str = "tok",
+        steps_per_epoch: int = None,
+    ):
         self.max_steps, self.budget = steps, minutes * 60 if minutes else None
         self.peak_lr, self.log_every, self._log = peak_lr, log_every, log
         self.unit, self.steps_per_epoch = unit, steps_per_epoch
@@ -79,8 +89,12 @@ class Run:
         return self.seconds / self.budget if self.budget else self.step / self.max_steps
 
     def __iter__(self):
-        with tqdm(total=1.0, bar_format="{percentage:3.0f}%|{bar:20}| {elapsed}<{remaining}{postfix}",
-                  disable=None, leave=False) as self._bar:  # disable=None: a terminal only, not a log file
+        with tqdm(
+            total=1.0,
+            bar_format="{percentage:3.0f}%|{bar:20}| {elapsed}<{remaining}{postfix}",
+            disable=None,
+            leave=False,
+        ) as self._bar:  # disable=None: a terminal only, not a log file
             while True:
                 progress = self.spent()
                 if progress >= 1 or (self.max_steps and self.step >= self.max_steps):
@@ -102,8 +116,10 @@ class Run:
         if self.due(self.log_every):
             el = max(self.seconds, 1e-3)
             epoch = f"epoch {(self.step - 1) // self.steps_per_epoch + 1} " if self.steps_per_epoch else ""
-            line = (f"{epoch}step {self.step} loss {np.mean(self.losses[-self.log_every:]):.3f} lr {self.lr:.2e} "
-                    f"{self._timed_tokens / el:,.0f} {self.unit}/s")
+            line = (
+                f"{epoch}step {self.step} loss {np.mean(self.losses[-self.log_every :]):.3f} lr {self.lr:.2e} "
+                f"{self._timed_tokens / el:,.0f} {self.unit}/s"
+            )
             self._bar.set_postfix_str(line, refresh=False)
             self.log(f"{100 * done:3.0f}% {line} {el:.0f}s")
 
@@ -136,6 +152,8 @@ def write_weights(out: Path, weights: dict, max_shard_bytes: int = SHARD_BYTES):
     for file, shard in zip(files, shards):
         mx.save_safetensors(str(out / file), shard, metadata={"format": "mlx"})
     if n > 1:
-        index = {"metadata": {"total_size": sum(w.nbytes for w in weights.values())},
-                 "weight_map": {name: file for file, shard in zip(files, shards) for name in shard}}
+        index = {
+            "metadata": {"total_size": sum(w.nbytes for w in weights.values())},
+            "weight_map": {name: file for file, shard in zip(files, shards) for name in shard},
+        }
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

@@ -4,6 +4,7 @@ servers call from many threads). Callers submit functions or stream generators t
 The worker never waits on a reader: a streamed run's items go into an unbounded queue (a run
 makes at most max_tokens of them), so a reader that stops reading cannot stall the next run.
 Readers that must bound what they hold (the server's clients) do so on their side."""
+
 import asyncio
 import queue
 import threading

@@ -5,14 +5,26 @@ it (`train-draft --data OUT_DIR`): code its stdlib-trained target never saw, as 
     usage: python scripts/code_corpus.py OUT_DIR
 Left out: packages that are mostly generated code (API types, chart validators, tables, the
 installer's vendored copies), and --hold-out packages, kept for measuring drafts on unseen code."""
+
 import argparse
 import ast
 import random
 import site
 from pathlib import Path
 
-GENERATED = ["openai", "plotly", "_plotly_utils", "regex", "idna", "pip", "setuptools", "playwright",
-             "google", "pkg_resources", "_distutils_hack"]
+GENERATED = [
+    "openai",
+    "plotly",
+    "_plotly_utils",
+    "regex",
+    "idna",
+    "pip",
+    "setuptools",
+    "playwright",
+    "google",
+    "pkg_resources",
+    "_distutils_hack",
+]
 
 
 def main():

@@ -7,6 +7,7 @@ where it is not has learned the easy part; what is left is the target's own hesi
     python scripts/misses_by_confidence.py                        # shipped pair, held-out and benchmark prompts
     python scripts/misses_by_confidence.py --target T --draft D --prompts a.json --chat-template
 """
+
 import argparse
 import json
 import sys
@@ -15,12 +16,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 import mlx.core as mx  # noqa: E402
+
+import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 from dflash_core.benchmark import DEFAULT_PROMPTS  # noqa: E402
-from dflash_core.loading import DEFAULT_PAIR, SHIPPED, load_draft  # noqa: E402
+from dflash_core.loading import load_draft  # noqa: E402
+from dflash_core.registry import DEFAULT_PAIR, SHIPPED  # noqa: E402
 from dflash_core.target import Target  # noqa: E402
-from dflash_core.train_draft import block_logits, encode_prompt, greedy, load_frozen_target, tapped_hidden  # noqa: E402
+from dflash_core.tokenizer import encode_prompt  # noqa: E402
+from dflash_core.train_draft import block_logits, greedy, load_frozen_target, tapped_hidden  # noqa: E402
 
 BUCKETS = [(0.0, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 0.99), (0.99, 1.01)]
 
@@ -36,8 +40,14 @@ def matches(target: Target, draft, tokenizer, prompt_ids: list, max_new: int) ->
     anchors = np.arange(len(prompt_ids) - 1, len(seq) - B)  # the first block is the first cycle's
     blocks = np.full((len(anchors), B), mask)
     blocks[:, 0] = np.array(seq)[anchors]
-    out = block_logits(draft, target.head, taps, target.embed(mx.array(blocks)),
-                       mx.array(anchors), mx.zeros(len(anchors), dtype=mx.int32))
+    out = block_logits(
+        draft,
+        target.head,
+        taps,
+        target.embed(mx.array(blocks)),
+        mx.array(anchors),
+        mx.zeros(len(anchors), dtype=mx.int32),
+    )
     proposals = np.array(mx.argmax(out, axis=-1))
     k = np.arange(1, B)
     labels = np.array(seq)[anchors[:, None] + k[None]]
@@ -45,13 +55,16 @@ def matches(target: Target, draft, tokenizer, prompt_ids: list, max_new: int) ->
 
 
 def report(name: str, match: np.ndarray, sure: np.ndarray):
-    print(f"{name}: {len(match)} blocks; position 1 matches {match[:, 0].mean():.3f}, target's mean "
-          f"top-1 probability {sure[:, 0].mean():.3f}")
+    print(
+        f"{name}: {len(match)} blocks; position 1 matches {match[:, 0].mean():.3f}, target's mean "
+        f"top-1 probability {sure[:, 0].mean():.3f}"
+    )
     print("  target top-1 prob | share of tokens | draft matches at position 1 / 2 / 4 / 8")
     for lo, hi in BUCKETS:
         sel = (sure >= lo) & (sure < hi)
-        rates = " / ".join(f"{match[sel[:, k - 1], k - 1].mean():.3f}" if sel[:, k - 1].any() else "-"
-                           for k in (1, 2, 4, 8))
+        rates = " / ".join(
+            f"{match[sel[:, k - 1], k - 1].mean():.3f}" if sel[:, k - 1].any() else "-" for k in (1, 2, 4, 8)
+        )
         print(f"  [{lo:.2f}, {min(hi, 1):.2f}) | {sel[:, 0].mean():.3f} | {rates}")
 
 
@@ -59,8 +72,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default=str(SHIPPED[DEFAULT_PAIR][0]))
     p.add_argument("--draft", default=str(SHIPPED[DEFAULT_PAIR][1]))
-    p.add_argument("--prompts", nargs="+", help="JSON lists of prompt texts (default: the target's held-out "
-                   "eval prompts with the chat template, and the benchmark prompts raw)")
+    p.add_argument(
+        "--prompts",
+        nargs="+",
+        help="JSON lists of prompt texts (default: the target's held-out "
+        "eval prompts with the chat template, and the benchmark prompts raw)",
+    )
     p.add_argument("--chat-template", action="store_true", help="apply the chat template to --prompts")
     p.add_argument("--max-new", type=int, default=256)
     args = p.parse_args()
@@ -75,8 +92,9 @@ def main():
         bench = json.loads(DEFAULT_PROMPTS[False].read_text())
         sets = [("held-out eval prompts (chat)", held, True), ("benchmark prompts (raw)", bench, False)]
     for name, texts, chat in sets:
-        runs = [matches(target, draft, tokenizer, encode_prompt(tokenizer, t, chat)[-256:], args.max_new)
-                for t in texts]
+        runs = [
+            matches(target, draft, tokenizer, encode_prompt(tokenizer, t, chat)[-256:], args.max_new) for t in texts
+        ]
         report(name, np.concatenate([m for m, _ in runs]), np.concatenate([s for _, s in runs]))
 
 

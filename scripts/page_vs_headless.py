@@ -7,6 +7,7 @@ same worker and the same loaded pair (as `benchmark` and `generate` run it), in 
 order. Prints both and the page's share of the headless figures.
   python scripts/page_vs_headless.py [--model NAME] [--prompt P] [--max-tokens N] [--repeat R] [--browser]
 """
+
 import argparse
 import json
 import socket
@@ -18,10 +19,11 @@ from urllib.parse import quote
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
 from gradio_client import Client  # noqa: E402
 
-from dflash_core.loading import DEFAULT_PAIR, load_pair  # noqa: E402
+import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
+from dflash_core.loading import load_pair  # noqa: E402
+from dflash_core.registry import DEFAULT_PAIR  # noqa: E402
 from dflash_core.worker import default_worker  # noqa: E402
 from ui import build_app  # noqa: E402
 
@@ -47,8 +49,16 @@ def through_page(client, key, prompt, max_tokens, chat, min_confidence) -> dict:
     return {engine: run[engine]["summary"]["decode_tps"] for engine in ("baseline", "dflash")}
 
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def through_browser(page, url, prompt, max_tokens, chat, min_confidence) -> dict:
@@ -65,12 +75,16 @@ def through_browser(page, url, prompt, max_tokens, chat, min_confidence) -> dict
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=DEFAULT_PAIR)
-    p.add_argument("--prompt", default="Write a Python function that returns the sum of the squares of a list of numbers.")
+    p.add_argument(
+        "--prompt", default="Write a Python function that returns the sum of the squares of a list of numbers."
+    )
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--min-confidence", type=float, default=0.2)
-    p.add_argument("--browser", action="store_true", help="drive the page in headless Chromium instead of gradio_client")
+    p.add_argument(
+        "--browser", action="store_true", help="drive the page in headless Chromium instead of gradio_client"
+    )
     p.add_argument("--save", help="write the figures as JSON here")
     a = p.parse_args()
 
@@ -100,8 +114,11 @@ def main():
         for where in order:
             row[where] = on_page() if where == "page" else headless(worker, pair, ids, a.max_tokens, a.min_confidence)
         rows.append(row)
-        print(f"repeat {r + 1}: page baseline {row['page']['baseline']:.1f} / DFlash {row['page']['dflash']:.1f} tok/s, "
-              f"headless {row['headless']['baseline']:.1f} / {row['headless']['dflash']:.1f}", file=sys.stderr)
+        print(
+            f"repeat {r + 1}: page baseline {row['page']['baseline']:.1f} / DFlash {row['page']['dflash']:.1f} tok/s, "
+            f"headless {row['headless']['baseline']:.1f} / {row['headless']['dflash']:.1f}",
+            file=sys.stderr,
+        )
     if a.browser:
         browser.close()
         playwright.stop()
@@ -112,11 +129,23 @@ def main():
             return statistics.median(r[where]["dflash"] / r[where]["baseline"] for r in rows)
         return statistics.median(r[where][key] for r in rows)
 
-    summary = {where: {k: round(median(where, k), 3) for k in ("baseline", "dflash", "speedup")}
-               for where in ("page", "headless")}
-    summary["page_share"] = {k: round(summary["page"][k] / summary["headless"][k], 3) for k in ("baseline", "dflash", "speedup")}
-    result = {"model": a.model, "prompt": a.prompt, "max_tokens": a.max_tokens, "chat": a.chat, "browser": a.browser,
-              "min_confidence": a.min_confidence, "repeats": rows, "median": summary}
+    summary = {
+        where: {k: round(median(where, k), 3) for k in ("baseline", "dflash", "speedup")}
+        for where in ("page", "headless")
+    }
+    summary["page_share"] = {
+        k: round(summary["page"][k] / summary["headless"][k], 3) for k in ("baseline", "dflash", "speedup")
+    }
+    result = {
+        "model": a.model,
+        "prompt": a.prompt,
+        "max_tokens": a.max_tokens,
+        "chat": a.chat,
+        "browser": a.browser,
+        "min_confidence": a.min_confidence,
+        "repeats": rows,
+        "median": summary,
+    }
     if a.save:
         Path(a.save).write_text(json.dumps(result, indent=1))
     print(json.dumps(summary))

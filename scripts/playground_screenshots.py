@@ -3,6 +3,7 @@ first example prompt in headless Chromium, and capture the page in both themes.
 
     .venv/bin/python scripts/playground_screenshots.py [--model DIR --draft DIR] [--max-tokens N]
 """
+
 import argparse
 import socket
 import sys
@@ -11,14 +12,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
+import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
 from ui import build_app  # noqa: E402
 from ui.app import example_prompts  # noqa: E402
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def main():
@@ -26,8 +35,10 @@ def main():
     p.add_argument("--model")
     p.add_argument("--draft")
     p.add_argument("--max-tokens", type=int, default=160)
-    p.add_argument("--prompt", help="default: the Python example (index 3), a sensible reply with "
-                   "accepted runs and rejections in most cycles")
+    p.add_argument(
+        "--prompt",
+        help="default: the Python example (index 3), a sensible reply with accepted runs and rejections in most cycles",
+    )
     p.add_argument("--out", default=str(ROOT / "docs"))
     a = p.parse_args()
     demo, kwargs = build_app(a.model, a.draft)

@@ -9,6 +9,7 @@
     python scripts/target_probe.py                                   # shipped target, the three new-code sets
     python scripts/target_probe.py --target T1 T2 --prompts a.json b.json --max-tokens 256
 """
+
 import argparse
 import json
 import sys
@@ -16,12 +17,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 import mlx.core as mx  # noqa: E402
-from dflash_core.loading import DEFAULT_PAIR, SHIPPED  # noqa: E402
-from dflash_core.train_draft import encode_prompt, greedy, load_frozen_target  # noqa: E402
 
-NEW_CODE = [ROOT / "assets" / "prompts" / f for f in ("new_python.json", "new_python_confirm.json", "unseen_packages.json")]
+import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
+from dflash_core.registry import DEFAULT_PAIR, SHIPPED  # noqa: E402
+from dflash_core.tokenizer import encode_prompt  # noqa: E402
+from dflash_core.train_draft import greedy, load_frozen_target  # noqa: E402
+
+NEW_CODE = [
+    ROOT / "assets" / "prompts" / f for f in ("new_python.json", "new_python_confirm.json", "unseen_packages.json")
+]
 
 
 def repeated(text: str) -> tuple:
@@ -55,9 +60,12 @@ def main():
                 probs += chosen_probs(model, ids, reply)
                 r, n = repeated(tok.decode([t for t in reply if t not in eos]))
                 reps, lines, mostly = reps + r, lines + n, mostly + (r >= n / 2)
-            print(f"{target} {Path(f).name}: top-1 {sum(probs) / len(probs):.2f} ({sum(q >= 0.9 for q in probs) / len(probs):.0%} "
-                  f">= 0.9); {reps}/{lines} lines repeat an earlier line ({reps / max(lines, 1):.0%}); "
-                  f"{mostly} of {len(prompts)} replies mostly repeats", flush=True)
+            print(
+                f"{target} {Path(f).name}: top-1 {sum(probs) / len(probs):.2f} ({sum(q >= 0.9 for q in probs) / len(probs):.0%} "
+                f">= 0.9); {reps}/{lines} lines repeat an earlier line ({reps / max(lines, 1):.0%}); "
+                f"{mostly} of {len(prompts)} replies mostly repeats",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 # How the shipped smollm2-135m draft is trained, stage by stage (MLX CUDA on one H200; the figures
 # and the learning curve are in docs/training-log.md). Every stage is measured by the engine on
 # the hand-written held-out requests (assets/prompts/chat_heldout.json), never trained on.
+# A log of the stages that were run, not a way to get the same weights: --minutes schedules each
+# stage by wall-clock, so another machine or day trains other numbers of steps.
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh data SEED N   # the target's replies to N requests
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage1 MINUTES
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage2 MINUTES   # resumes the shipped draft
+#   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage3 MINUTES   # resumes it again, distilling
 set -euo pipefail
 GGUF=${GGUF:-assets/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf}
 WORK=${WORK:-runs/smollm2}
@@ -26,6 +29,12 @@ stage2() {  # minutes: the shipped draft plus one layer (starting as the identit
   td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft --add-layers 1 \
     --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" --eval-every 1500 \
     --eval-prompts 8 --val-sequences 512 --seed 1
+}
+
+stage3() {  # minutes: the shipped draft, half of the loss on the target's whole distribution, lower lr
+  td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft \
+    --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" --lr 3e-4 \
+    --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 2
 }
 
 "$@"

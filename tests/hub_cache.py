@@ -6,6 +6,7 @@ hash, or its sha256 for LFS files such as weights), `snapshots/COMMIT/PATH` (rel
 blobs), `refs/main` (the commit) and `trees/COMMIT.json` (the repository's file listing that
 huggingface-hub >= 2 saves when it downloads, and checks an offline snapshot against).
 """
+
 import hashlib
 import json
 import os

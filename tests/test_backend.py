@@ -1,8 +1,9 @@
 """Backend choices made before MLX starts: the compute dtype override and the CUDA attention path."""
+
 import os
-import time
 import subprocess
 import sys
+import time
 
 import mlx.core as mx
 import pytest
@@ -33,17 +34,34 @@ def test_dtype_override_sets_the_compute_dtype(monkeypatch, random_dirs):
 def test_bad_dtype_is_one_error_line(random_dirs):
     target, draft = random_dirs["qwen3"]
     env = {**os.environ, "DFLASH_DTYPE": "float64"}
-    out = subprocess.run([sys.executable, "-m", "dflash_core", "generate", "--model", str(target),
-                          "--draft", str(draft), "--prompt", "x", "--max-tokens", "4"],
-                         env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dflash_core",
+            "generate",
+            "--model",
+            str(target),
+            "--draft",
+            str(draft),
+            "--prompt",
+            "x",
+            "--max-tokens",
+            "4",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert lines[-1].startswith("error:") and "DFLASH_DTYPE=float64" in lines[-1], out.stderr
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.skipif(not backend._PER_ENGINE_THREADS,
-                    reason="needs the system OpenBLAS and no OPENBLAS_NUM_THREADS of the user's")
+@pytest.mark.skipif(
+    not backend._PER_ENGINE_THREADS, reason="needs the system OpenBLAS and no OPENBLAS_NUM_THREADS of the user's"
+)
 def test_each_engine_runs_on_the_blas_thread_count_measured_fastest(random_pairs, monkeypatch):
     """Each engine's BLAS thread count is measured once per pair (one vs all cores, the faster
     for this model) and set when each run starts."""
@@ -74,8 +92,9 @@ def test_the_faster_thread_count_is_chosen(random_pairs, monkeypatch):
 
     real = loading.dflash_generate
     for fast in backend.thread_choices():
+
         def slowed_unless_fast(*args, **kwargs):
-            if backend._OPENBLAS.openblas_get_num_threads() != fast:
+            if backend._OPENBLAS.openblas_get_num_threads() != fast:  # noqa: B023 (this pass's choice)
                 time.sleep(0.3)  # far above the noise of a loaded machine
             return real(*args, **kwargs)
 

@@ -1,14 +1,21 @@
 """The benchmark's side-by-side settings: each summary figure comes from its own runs only."""
+
 import statistics
 
 import dflash_core  # noqa: F401  (system BLAS before MLX)
-
 from dflash_core.benchmark import run_benchmark
 
 
 def test_confidence_sweep_runs_side_by_side_and_keeps_the_main_figures_apart(random_pairs):
-    res = run_benchmark(random_pairs["qwen3"], ["def fib(n):", "class A:"], max_tokens=24, repeat=1,
-                        log=lambda *a: None, min_confidence=0.0, confidence_sweep=[0.0, 1.0])
+    res = run_benchmark(
+        random_pairs["qwen3"],
+        ["def fib(n):", "class A:"],
+        max_tokens=24,
+        repeat=1,
+        log=lambda *a: None,
+        min_confidence=0.0,
+        confidence_sweep=[0.0, 1.0],
+    )
     dflash = [r for r in res["runs"] if r["engine"] == "dflash"]
     main = [r for r in dflash if r["min_confidence"] == 0.0]
     strict = [r for r in dflash if r["min_confidence"] == 1.0]
@@ -24,7 +31,9 @@ def test_confidence_sweep_runs_side_by_side_and_keeps_the_main_figures_apart(ran
     assert abs(s["overall_speedup_median"] - tps(main) / tps(base)) < 1e-9  # one repeat: one ratio
     assert s["confidence_sweep"][1]["overall_speedup_median"] == tps(strict) / tps(base)
     assert [c["min_confidence"] for c in s["confidence_sweep"]] == [0.0, 1.0]
-    assert s["confidence_sweep"][1]["tokens_per_cycle_median"] == statistics.median(r["tokens_per_cycle"] for r in strict)
+    assert s["confidence_sweep"][1]["tokens_per_cycle_median"] == statistics.median(
+        r["tokens_per_cycle"] for r in strict
+    )
     assert res["config"]["confidence_sweep"] == [0.0, 1.0] and "sweep" not in s
 
 
@@ -53,8 +62,26 @@ def test_text_view_lists_the_summary_rounded(random_dirs, capsys):
     from dflash_core.cli import main
 
     target, draft = random_dirs["qwen3"]
-    assert main(["benchmark", "--model", str(target), "--draft", str(draft), "--prompt", "def f(x):",
-                 "--max-tokens", "12", "--repeat", "1", "--min-confidence", "0"]) == 0
+    assert (
+        main(
+            [
+                "benchmark",
+                "--model",
+                str(target),
+                "--draft",
+                str(draft),
+                "--prompt",
+                "def f(x):",
+                "--max-tokens",
+                "12",
+                "--repeat",
+                "1",
+                "--min-confidence",
+                "0",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     names = [line.split(":")[0].strip() for line in out.splitlines()]
     assert {"speedup_median", "overall_speedup_median", "tokens_per_cycle_mean", "acceptance_by_position"} <= set(names)

@@ -1,12 +1,12 @@
 """`train-draft --data chat`: requests from templates and ones the target writes itself, never
 the held-out evaluation requests."""
+
 import json
 import random
 
 import dflash_core  # noqa: F401  (system BLAS before MLX)
-
 from dflash_core.chat_prompts import HELDOUT, MIX, chat_prompts, template_prompts, user_turn_prefix
-from dflash_core.loading import DEFAULT_PAIR, SHIPPED
+from dflash_core.registry import DEFAULT_PAIR, SHIPPED
 from dflash_core.train_draft import load_frozen_target
 
 
@@ -15,7 +15,11 @@ def test_template_prompts_are_distinct_filled_requests_of_every_kind():
     prompts = template_prompts(600, random.Random(0))
     assert len(prompts) == len(set(prompts)) == 600
     assert not any("{" in p or "}" in p for p in prompts)
-    used = {kind for kind, k in kinds.items() if any(p.startswith(t.split("{topic}")[0]) for t in k["templates"] for p in prompts)}
+    used = {
+        kind
+        for kind, k in kinds.items()
+        if any(p.startswith(t.split("{topic}")[0]) for t in k["templates"] for p in prompts)
+    }
     assert used == set(kinds)
     assert template_prompts(600, random.Random(0)) == prompts  # seeded
 

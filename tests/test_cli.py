@@ -1,6 +1,7 @@
 """The command line: mlx-lm's flag names on generate and benchmark, the prompt from stdin, chat
 template arguments, streamed text through the one streaming detokenizer, and the playground
 launcher's host/port from Gradio's environment variables."""
+
 import io
 import json
 import os
@@ -14,6 +15,7 @@ import httpx
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from ui_pair import free_port
 
 from dflash_core import playground
 from dflash_core.cli import main
@@ -21,8 +23,6 @@ from dflash_core.errors import DFlashError
 from dflash_core.events import CycleEvent, RunSummary
 from dflash_core.loading import load_pair
 from dflash_core.tokenizer import CHAT_TEMPLATE, TextStream
-
-from ui_pair import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "def f(x):"
@@ -62,6 +62,7 @@ def reference(qwen3_pair):
 
 # --- the streaming detokenizer -------------------------------------------------------------
 
+
 def _tokenizer(scheme: str, out: Path):
     """mlx-lm's TokenizerWrapper over a small tokenizer that splits TEXT's multi-byte characters
     over several tokens: byte-level BPE (GPT-2 style) or SentencePiece with byte fallback (Llama
@@ -69,17 +70,23 @@ def _tokenizer(scheme: str, out: Path):
     if scheme == "byte-level":
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        )
     else:
         tok = Tokenizer(models.BPE(byte_fallback=True))
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
+        tok.decoder = decoders.Sequence(
+            [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        )
         # only ASCII letters as characters: everything else is spelled in <0xNN> byte tokens
-        trainer = trainers.BpeTrainer(vocab_size=300, limit_alphabet=28, show_progress=False,
-                                      initial_alphabet=list("abcdefghijklmnopqrstuvwxyz\u2581"),
-                                      special_tokens=[f"<0x{b:02X}>" for b in range(256)])
+        trainer = trainers.BpeTrainer(
+            vocab_size=300,
+            limit_alphabet=28,
+            show_progress=False,
+            initial_alphabet=list("abcdefghijklmnopqrstuvwxyz\u2581"),
+            special_tokens=[f"<0x{b:02X}>" for b in range(256)],
+        )
     tok.train_from_iterator([TEXT] * 3, trainer)
     out.mkdir()
     tok.save(str(out / "tokenizer.json"))
@@ -113,9 +120,22 @@ def test_text_stream_keeps_a_replys_leading_space(tmp_path, scheme):
 
 
 def _cycle(i: int, committed: list) -> CycleEvent:
-    return CycleEvent(cycle=i, staged_token=committed[0], drafted=[], verified=0, posterior=[], accepted_len=0,
-                      committed=committed, next_staged=0, kv_trimmed=0, gdn_replayed=0, draft_ms=0.0,
-                      verify_ms=0.0, rollback_ms=0.0, t=0.0)
+    return CycleEvent(
+        cycle=i,
+        staged_token=committed[0],
+        drafted=[],
+        verified=0,
+        posterior=[],
+        accepted_len=0,
+        committed=committed,
+        next_staged=0,
+        kv_trimmed=0,
+        gdn_replayed=0,
+        draft_ms=0.0,
+        verify_ms=0.0,
+        rollback_ms=0.0,
+        t=0.0,
+    )
 
 
 def test_generate_prints_characters_split_over_cycles_whole(qwen3_pair, monkeypatch, capsys):
@@ -131,8 +151,17 @@ def test_generate_prints_characters_split_over_cycles_whole(qwen3_pair, monkeypa
 
     def scripted(ids, max_tokens, block_size=None, min_confidence=None, sampling=None):
         yield from (_cycle(i, c) for i, c in enumerate(cycles))
-        yield RunSummary(engine="dflash", prompt_tokens=len(ids), tokens=tokens, prefill_s=0.1, decode_s=0.1,
-                         stop_reason="eos", peak_memory_mb=0.0, block_size=2, cycles=len(cycles))
+        yield RunSummary(
+            engine="dflash",
+            prompt_tokens=len(ids),
+            tokens=tokens,
+            prefill_s=0.1,
+            decode_s=0.1,
+            stop_reason="eos",
+            peak_memory_mb=0.0,
+            block_size=2,
+            cycles=len(cycles),
+        )
 
     monkeypatch.setattr(pair, "dflash", scripted)
     monkeypatch.setattr(generate, "load", lambda args: pair)
@@ -142,10 +171,24 @@ def test_generate_prints_characters_split_over_cycles_whole(qwen3_pair, monkeypa
 
 # --- mlx-lm's flag names ---------------------------------------------------------------------
 
+
 def test_mlx_lm_names_give_the_same_run(qwen3, qwen3_pair, reference, capsys):
     t, d = qwen3
-    out = cli_json(capsys, "generate", "--model", t, "--draft-model", d, "-p", PROMPT, "-m", "12",
-                   "--num-draft-tokens", "3", "--ignore-chat-template")
+    out = cli_json(
+        capsys,
+        "generate",
+        "--model",
+        t,
+        "--draft-model",
+        d,
+        "-p",
+        PROMPT,
+        "-m",
+        "12",
+        "--num-draft-tokens",
+        "3",
+        "--ignore-chat-template",
+    )
     assert out["tokens"] == reference
     assert out["stats"]["block_size"] == 4
     assert out["stats"]["prompt_tokens"] == len(qwen3_pair.tokenizer.encode(PROMPT))  # raw text
@@ -154,8 +197,9 @@ def test_mlx_lm_names_give_the_same_run(qwen3, qwen3_pair, reference, capsys):
 def test_num_draft_tokens_is_checked(qwen3, capsys):
     t, d = qwen3
     base = ["generate", "--model", t, "--draft", d, "--prompt", PROMPT]
-    assert "not allowed with argument --block-size" in cli_error(capsys, *base, "--block-size", "4",
-                                                                 "--num-draft-tokens", "3")
+    assert "not allowed with argument --block-size" in cli_error(
+        capsys, *base, "--block-size", "4", "--num-draft-tokens", "3"
+    )
     msg = cli_error(capsys, *base, "--num-draft-tokens", "16")  # the random draft's block size is 16
     assert msg.startswith("error: --num-draft-tokens 16 is out of range: use 1..15")
     assert "too small" in cli_error(capsys, *base, "--num-draft-tokens", "0")
@@ -163,8 +207,20 @@ def test_num_draft_tokens_is_checked(qwen3, capsys):
 
 def test_prompt_dash_reads_stdin(qwen3, reference, monkeypatch, capsys):
     t, d = qwen3
-    args = ["generate", "--model", t, "--draft", d, "--prompt", "-", "--max-tokens", "12", "--block-size", "4",
-            "--no-chat-template"]
+    args = [
+        "generate",
+        "--model",
+        t,
+        "--draft",
+        d,
+        "--prompt",
+        "-",
+        "--max-tokens",
+        "12",
+        "--block-size",
+        "4",
+        "--no-chat-template",
+    ]
     monkeypatch.setattr(sys, "stdin", io.StringIO(PROMPT))
     assert cli_json(capsys, *args)["tokens"] == reference
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
@@ -173,21 +229,37 @@ def test_prompt_dash_reads_stdin(qwen3, reference, monkeypatch, capsys):
 
 def test_benchmark_takes_mlx_lm_names(qwen3, capsys):
     t, d = qwen3
-    out = cli_json(capsys, "benchmark", "--model", t, "--draft-model", d, "-p", PROMPT, "-m", "8",
-                   "--num-draft-tokens", "3", "--repeat", "1")
+    out = cli_json(
+        capsys,
+        "benchmark",
+        "--model",
+        t,
+        "--draft-model",
+        d,
+        "-p",
+        PROMPT,
+        "-m",
+        "8",
+        "--num-draft-tokens",
+        "3",
+        "--repeat",
+        "1",
+    )
     assert out["config"]["block_size"] == 4 and out["config"]["max_tokens"] == 8
     assert out["config"]["prompts"] == [PROMPT]
 
 
 # --- chat template arguments -----------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def thinking_target(qwen3, tmp_path_factory):
     """The random target with a chat template that has a thinking switch, as Qwen3's has."""
     t = shutil.copytree(qwen3[0], tmp_path_factory.mktemp("thinking") / "target")
     cfg = json.loads((t / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = CHAT_TEMPLATE.replace("assistant\n{% endif %}",
-                                                 "assistant\n{% if enable_thinking %}<think>{% endif %}{% endif %}")
+    cfg["chat_template"] = CHAT_TEMPLATE.replace(
+        "assistant\n{% endif %}", "assistant\n{% if enable_thinking %}<think>{% endif %}{% endif %}"
+    )
     (t / "tokenizer_config.json").write_text(json.dumps(cfg))
     return str(t), qwen3[1]
 
@@ -213,12 +285,22 @@ def test_bad_chat_template_args_are_one_error_line(qwen3, capsys):
     assert "is not valid JSON" in cli_error(capsys, *base, "--chat-template-args", "{enable_thinking: true}")
     assert "is not a JSON object" in cli_error(capsys, *base, "--chat-template-args", "[1]")
     # contradicting --no-chat-template is said before anything loads (this model does not exist)
-    msg = cli_error(capsys, "generate", "--model", "/no/such/model", "--prompt", PROMPT,
-                    "--system-prompt", "Be brief.", "--no-chat-template")
+    msg = cli_error(
+        capsys,
+        "generate",
+        "--model",
+        "/no/such/model",
+        "--prompt",
+        PROMPT,
+        "--system-prompt",
+        "Be brief.",
+        "--no-chat-template",
+    )
     assert "go through the chat template: drop --no-chat-template" in msg
 
 
 # --- the playground launcher -----------------------------------------------------------------
+
 
 def test_playground_host_and_port_from_gradio_environment(monkeypatch, capsys):
     monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")
@@ -236,16 +318,18 @@ def test_playground_host_and_port_from_gradio_environment(monkeypatch, capsys):
         playground.parse_args([])
 
 
-@pytest.mark.parametrize("flag, value, problem", [
-    ("--port", "0", "0 is not a port: give a whole number 1..65535"),
-    ("--port", "seven", "'seven' is not a whole number"),
-    ("--max-tokens-cap", "0", "0 is too small: give a whole number >= 1"),
-    ("--concurrency", "-1", "-1 is too small: give a whole number >= 1"),
-    ("--queue-size", "many", "'many' is not a whole number"),
-])
+@pytest.mark.parametrize(
+    "flag, value, problem",
+    [
+        ("--port", "0", "0 is not a port: give a whole number 1..65535"),
+        ("--port", "seven", "'seven' is not a whole number"),
+        ("--max-tokens-cap", "0", "0 is too small: give a whole number >= 1"),
+        ("--concurrency", "-1", "-1 is too small: give a whole number >= 1"),
+        ("--queue-size", "many", "'many' is not a whole number"),
+    ],
+)
 def test_playground_numeric_flags_are_checked(flag, value, problem):
-    bad = subprocess.run([sys.executable, "app.py", flag, value], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
+    bad = subprocess.run([sys.executable, "app.py", flag, value], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.splitlines() == [f"error: argument {flag}: {problem} (see `python app.py --help`)"]
 
@@ -254,8 +338,14 @@ def test_app_serves_on_the_port_gradio_server_port_names(qwen3):
     t, d = qwen3
     port = free_port()
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "app.py", "--model", t, "--draft", d, "--no-browser"], cwd=ROOT,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "app.py", "--model", t, "--draft", d, "--no-browser"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     page = None
     try:
         deadline = time.time() + 180

@@ -5,6 +5,7 @@ both. Every group runs under a time limit and is killed whole (its process group
 This file is also what the groups of the engine tests run on each rank: `python
 tests/test_distributed.py OUT_DIR FAMILY TARGET DRAFT [FAMILY TARGET DRAFT ...]` writes
 OUT_DIR/rank<r>.json."""
+
 import contextlib
 import io
 import json
@@ -22,7 +23,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = shutil.which("mlx.launch", path=str(Path(sys.executable).parent)) or shutil.which("mlx.launch")
-pytestmark = pytest.mark.skipif(LAUNCH is None, reason="mlx.launch (part of the mlx package) is not installed")
+pytestmark = [
+    pytest.mark.skipif(LAUNCH is None, reason="mlx.launch (part of the mlx package) is not installed"),
+    pytest.mark.slow,
+]
 
 # tokens: at block size 16 the partly-right draft needs 136 to make every accepted length occur,
 # at 5 it needs 15; the draft model's own proposals (almost all rejected by a random target) run DRAFTED
@@ -32,34 +36,42 @@ PROMPT = "class Stack:\n    def push(self, item):"  # no family's random target 
 
 # --- what each rank runs -------------------------------------------------------------------------
 
+
 def _exercise(pair) -> dict:
     """On every rank: the sharded target's plain greedy tokens, DFlash's with the draft model,
     oracle and partly-right proposals at block sizes 16 and 5, what the caches hold, and rollback
     against feeding only the kept tokens."""
     import mlx.core as mx
     import numpy as np
+    from test_engine import _corrupting_draft
 
     from dflash_core.engine import oracle_draft
     from dflash_core.events import CycleEvent
     from dflash_core.target import Target
-
-    from test_engine import _corrupting_draft
 
     ids = pair.encode(PROMPT, chat_template=False)
     base = list(pair.baseline(ids, LONG))[-1].tokens
     runs = []
     for block_size, n in ((16, LONG), (5, SHORT)):
         rng = random.Random(block_size)
-        drafts = {"oracle": oracle_draft(len(ids), base),
-                  "partly": _corrupting_draft(base, len(ids), pair.draft.config.vocab_size, rng, "partly")}
+        drafts = {
+            "oracle": oracle_draft(len(ids), base),
+            "partly": _corrupting_draft(base, len(ids), pair.draft.config.vocab_size, rng, "partly"),
+        }
         if block_size == 16:
             drafts["draft model"] = None  # its own proposals, through the taps of the split target
         for name, draft_fn in drafts.items():
             max_tokens = DRAFTED if draft_fn is None else n
             events = list(pair.dflash(ids, max_tokens, block_size, draft_fn=draft_fn, min_confidence=0.0))
-            runs.append({"draft": name, "block_size": block_size, "max_tokens": max_tokens,
-                         "tokens": events[-1].tokens,
-                         "accepted": [ev.accepted_len for ev in events if isinstance(ev, CycleEvent)]})
+            runs.append(
+                {
+                    "draft": name,
+                    "block_size": block_size,
+                    "max_tokens": max_tokens,
+                    "tokens": events[-1].tokens,
+                    "accepted": [ev.accepted_len for ev in events if isinstance(ev, CycleEvent)],
+                }
+            )
 
     def held(c) -> list:  # what a cache holds: GatedDeltaNet's conv and recurrent state, or the KV entries
         if hasattr(c, "cache"):
@@ -77,11 +89,19 @@ def _exercise(pair) -> dict:
                 t.prefill(ids)
                 t.verify(fed)
             rolled.rollback(kept=kept, fed=len(block))
-            rollback[kept] = max(mx.abs(a - b).max().item() if a.shape == b.shape else float("inf")
-                                 for ca, cb in zip(rolled.cache, fresh.cache) for a, b in zip(held(ca), held(cb)))
-    return {"baseline": base, "runs": runs, "cache": cache, "rollback": rollback,
-            "q_proj": list(pair.target.layers[-1].self_attn.q_proj.weight.shape),
-            "draft_fc": list(pair.draft.fc.weight.shape)}
+            rollback[kept] = max(
+                mx.abs(a - b).max().item() if a.shape == b.shape else float("inf")
+                for ca, cb in zip(rolled.cache, fresh.cache)
+                for a, b in zip(held(ca), held(cb))
+            )
+    return {
+        "baseline": base,
+        "runs": runs,
+        "cache": cache,
+        "rollback": rollback,
+        "q_proj": list(pair.target.layers[-1].self_attn.q_proj.weight.shape),
+        "draft_fc": list(pair.draft.fc.weight.shape),
+    }
 
 
 def _worker(out_dir: str, *triples: str):
@@ -93,7 +113,7 @@ def _worker(out_dir: str, *triples: str):
     report = {"size": distributed.size(), "rank": distributed.rank(), "families": {}}
     for i in range(0, len(triples), 3):
         family, target, draft = triples[i : i + 3]
-        pair = distributed.loaded_everywhere(lambda: load_pair(target, draft))
+        pair = distributed.loaded_everywhere(lambda: load_pair(target, draft))  # noqa: B023 (called here)
         report["families"][family] = _exercise(pair)
 
     def only_rank_1_fails():
@@ -114,6 +134,7 @@ def _worker(out_dir: str, *triples: str):
 
 
 # --- launching a group, bounded ------------------------------------------------------------------
+
 
 def _free_port_pair() -> int:
     """A port p with p + 1 free too: the ring's rank r listens on p + r."""
@@ -162,10 +183,21 @@ def start_group(*args: str, probe_threads: bool = False) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
     if not probe_threads:
         env["OPENBLAS_NUM_THREADS"] = "1"
-    cmd = [LAUNCH, "-n", "2", "--backend", "ring", "--starting-port", str(_free_port_pair()), "--",
-           sys.executable, *args]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    cmd = [
+        LAUNCH,
+        "-n",
+        "2",
+        "--backend",
+        "ring",
+        "--starting-port",
+        str(_free_port_pair()),
+        "--",
+        sys.executable,
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def finish_group(proc: subprocess.Popen, timeout: float) -> tuple:
@@ -291,8 +323,10 @@ def test_sharded_greedy_against_one_process(reports, family_dirs, family, capsys
     alone = list(pair.baseline(ids, LONG))[-1].tokens
     div = first_divergence(pair.model, ids, sharded, alone)
     with capsys.disabled():
-        print(f"\n{family}: sharded vs one-process greedy: "
-              + ("identical" if div is None else f"first divergence at {div.index}, top-2 margin {div.top2_margin:.2e}"))
+        print(
+            f"\n{family}: sharded vs one-process greedy: "
+            + ("identical" if div is None else f"first divergence at {div.index}, top-2 margin {div.top2_margin:.2e}")
+        )
     assert div is None or div.top2_margin < 1e-3, div
 
 
@@ -305,11 +339,26 @@ def test_a_load_that_fails_on_one_rank_fails_on_every_rank(reports):
 
 # --- the commands under mlx.launch -------------------------------------------------------------
 
+
 def test_generate_prints_once_and_is_identical(random_dirs):
     """The issue's must-show command; the BLAS-thread measurement runs too, rank 0's taken by both."""
     target, draft = map(str, random_dirs["qwen3_5"])
-    out, err = run_group("-m", "dflash_core", "generate", "--model", target, "--draft", draft, "--prompt",
-                         "def fib(n):", "--max-tokens", "40", "--json", "--compare-baseline", probe_threads=True)
+    out, err = run_group(
+        "-m",
+        "dflash_core",
+        "generate",
+        "--model",
+        target,
+        "--draft",
+        draft,
+        "--prompt",
+        "def fib(n):",
+        "--max-tokens",
+        "40",
+        "--json",
+        "--compare-baseline",
+        probe_threads=True,
+    )
     lines = out.strip().splitlines()
     assert len(lines) == 1, out  # rank 0 only
     result = json.loads(lines[0])
@@ -336,10 +385,13 @@ def test_a_target_that_does_not_split_is_one_error_line_from_rank_0(tmp_path):
 
     target = write_target(tmp_path / "t", "llama", heads=6, kv_heads=3, hidden=48)  # 3 KV heads over 2
     draft = write_draft(tmp_path / "d", target)
-    out, err = run_group("-m", "dflash_core", "generate", "--model", str(target), "--draft", str(draft),
-                         "--prompt", "hi", "--json")
-    assert out == "" and errors(err) == ["error: the target cannot be split over 2 processes: its "
-                                         "num_key_value_heads 3 must divide by 2; launch a group whose size divides them"]
+    out, err = run_group(
+        "-m", "dflash_core", "generate", "--model", str(target), "--draft", str(draft), "--prompt", "hi", "--json"
+    )
+    assert out == "" and errors(err) == [
+        "error: the target cannot be split over 2 processes: its "
+        "num_key_value_heads 3 must divide by 2; launch a group whose size divides them"
+    ]
     assert "Traceback" not in err and "rank 0 exited with code 2" in err
 
 
@@ -351,25 +403,26 @@ def test_prompt_from_stdin_is_refused_in_a_group(random_dirs, monkeypatch, capsy
     monkeypatch.setattr(distributed, "size", lambda: 2)
     target, draft = map(str, random_dirs["qwen3"])
     assert main(["generate", "--model", target, "--draft", draft, "--prompt", "-"]) == 2
-    assert capsys.readouterr().err == ("error: --prompt - reads stdin, which mlx.launch never closes: give the "
-                                       "prompt itself (--prompt TEXT)\n")
+    assert capsys.readouterr().err == (
+        "error: --prompt - reads stdin, which mlx.launch never closes: give the prompt itself (--prompt TEXT)\n"
+    )
 
 
 def test_check_shardable(random_dirs, tmp_path):
     """Which sizes each architecture needs divisible, and mlx-lm's own limits, without a group."""
     from mlx_lm.utils import load_model
+    from test_engine import MORE_ARCHITECTURES, write_architecture
 
     from dflash_core.distributed import check_shardable
     from dflash_core.errors import DFlashError
-
-    from test_engine import MORE_ARCHITECTURES, write_architecture
 
     llama, _ = load_model(random_dirs["llama"][0], lazy=True)  # 4 heads, 2 KV heads, MLP 128
     check_shardable(llama, 2)
     with pytest.raises(DFlashError, match="its num_key_value_heads 2 must divide by 4"):
         check_shardable(llama, 4)
-    with pytest.raises(DFlashError, match="its num_attention_heads 4, num_key_value_heads 2, intermediate_size 128 "
-                                          "must divide by 3"):
+    with pytest.raises(
+        DFlashError, match="its num_attention_heads 4, num_key_value_heads 2, intermediate_size 128 must divide by 3"
+    ):
         check_shardable(llama, 3)
     qwen3_5, _ = load_model(random_dirs["qwen3_5"][0], lazy=True)  # 2 KV heads: repeated over 4
     with pytest.raises(DFlashError, match="its linear_num_key_heads 2 must divide by 4;"):
@@ -381,6 +434,7 @@ def test_check_shardable(random_dirs, tmp_path):
 
 
 # --- serve under mlx.launch ----------------------------------------------------------------------
+
 
 def _rank_pid(launcher: int, rank: int) -> int:
     for environ in Path("/proc").glob("[0-9]*/environ"):
@@ -416,8 +470,7 @@ def test_serve_in_a_group(random_dirs):
                 time.sleep(0.3)
 
         def complete(**body) -> dict:
-            r = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 20, **body},
-                           timeout=60)
+            r = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 20, **body}, timeout=60)
             assert r.status_code == 200, r.text
             return r.json()
 
@@ -426,8 +479,9 @@ def test_serve_in_a_group(random_dirs):
         text = greedy["choices"][0]["text"]
         assert complete(dflash=False)["choices"][0]["text"] == text
         # a stop string of plain letters, a few characters in (the random model's text has others)
-        stop = next(text[i : i + 2] for i in range(3, len(text))
-                    if text[i : i + 2].isalpha() and text[i : i + 2].isascii())
+        stop = next(
+            text[i : i + 2] for i in range(3, len(text)) if text[i : i + 2].isalpha() and text[i : i + 2].isascii()
+        )
         cut = complete(stop=[stop])
         assert cut["choices"][0]["finish_reason"] == "stop" and cut["choices"][0]["text"] == text[: text.index(stop)]
         assert cut["dflash"]["generated_tokens"] < 20  # the engine stopped early, on both ranks

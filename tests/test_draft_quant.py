@@ -1,17 +1,17 @@
 """--draft-quant: the draft's linear layers quantized with MLX at load. The draft only proposes and
 the target checks every token, so the output stays plain greedy decoding's, token for token; the
 draft's weights take less memory; layers MLX cannot quantize keep full precision and are named."""
+
 import json
 
 import mlx.nn as nn
 import pytest
+from code_prompts import PROMPTS
+from ui_pair import pin_draft
 
 from dflash_core.cli import main
 from dflash_core.loading import load_pair
 from dflash_core.random_models import FAMILIES, write_draft, write_target
-
-from conftest import PROMPTS
-from ui_pair import pin_draft
 
 
 def lossless(pair, prompt=PROMPTS[0], max_tokens=32, block_size=8):
@@ -71,8 +71,20 @@ def test_layers_mlx_cannot_quantize_keep_full_precision(tmp_path):
 
 def test_cli_draft_quant_reports_memory_and_tokens_per_cycle(pinned, capsys):
     t, d = pinned
-    args = ["generate", "--model", t, "--draft", d, "--prompt", PROMPTS[0], "--max-tokens", "32",
-            "--no-chat-template", "--json", "--compare-baseline"]
+    args = [
+        "generate",
+        "--model",
+        t,
+        "--draft",
+        d,
+        "--prompt",
+        PROMPTS[0],
+        "--max-tokens",
+        "32",
+        "--no-chat-template",
+        "--json",
+        "--compare-baseline",
+    ]
     assert main(args) == 0
     full = json.loads(capsys.readouterr().out)
     assert main([*args, "--draft-quant", "4"]) == 0

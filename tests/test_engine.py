@@ -1,16 +1,16 @@
 """Lossless: DFlash emits exactly plain greedy decoding's tokens, whatever the draft proposes."""
+
 import random
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from code_prompts import PROMPTS
 
 from dflash_core.engine import accepted_length, confident_prefix, oracle_draft
 from dflash_core.events import CycleEvent, RunSummary
 from dflash_core.random_models import FAMILIES
 from dflash_core.target import Target
-
-from conftest import PROMPTS
 
 
 def run(gen):
@@ -126,7 +126,9 @@ def test_summary_counts_match_cycles(random_pairs):
     pair = random_pairs["qwen3"]
     ids = pair.encode(PROMPTS[1], chat_template=False)
     _, base = run(pair.baseline(ids, 60))
-    cycles, s = run(pair.dflash(ids, 60, 8, draft_fn=_corrupting_draft(base.tokens, len(ids), 500, random.Random(1), "partly")))
+    cycles, s = run(
+        pair.dflash(ids, 60, 8, draft_fn=_corrupting_draft(base.tokens, len(ids), 500, random.Random(1), "partly"))
+    )
     assert s.accepted_tokens == sum(ev.accepted_len for ev in cycles)
     assert s.drafted_tokens == 7 * len(cycles)
     for k in range(7):
@@ -177,7 +179,9 @@ def test_rollback_equals_running_only_the_accepted_tokens(random_pairs, kept):
     for a, b in zip(rolled.cache, fresh.cache):
         if hasattr(a, "offset"):  # attention: same length, same entries
             assert a.offset == b.offset == len(prompt) + kept
-            np.testing.assert_allclose(np.array(a.keys[..., : a.offset, :]), np.array(b.keys[..., : b.offset, :]), atol=1e-5)
+            np.testing.assert_allclose(
+                np.array(a.keys[..., : a.offset, :]), np.array(b.keys[..., : b.offset, :]), atol=1e-5
+            )
         else:
             for x, y in zip(a.cache, b.cache):
                 np.testing.assert_allclose(np.array(x), np.array(y), rtol=1e-4, atol=1e-5)
@@ -206,30 +210,80 @@ def test_quantized_target_is_lossless(random_dirs, family):
 
 WINDOW = 8  # sliding windows shorter than the prompts below: the rotating caches wrap during prefill
 MORE_ARCHITECTURES = {
-    "llama-sliding": {"model_type": "llama", "layer_types": ["sliding_attention", "full_attention"] * 2,
-                      "sliding_window": WINDOW},
-    "gemma3_text": {"model_type": "gemma3_text", "sliding_window": WINDOW, "sliding_window_pattern": 2,
-                    "query_pre_attn_scalar": 16},
-    "qwen3_5_moe": {"model_type": "qwen3_5_moe", "linear_num_value_heads": 4, "linear_num_key_heads": 2,
-                    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
-                    "full_attention_interval": 2, "num_experts": 4, "num_experts_per_tok": 2,
-                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
-                    "rope_parameters": {"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+    "llama-sliding": {
+        "model_type": "llama",
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "sliding_window": WINDOW,
+    },
+    "gemma3_text": {
+        "model_type": "gemma3_text",
+        "sliding_window": WINDOW,
+        "sliding_window_pattern": 2,
+        "query_pre_attn_scalar": 16,
+    },
+    "qwen3_5_moe": {
+        "model_type": "qwen3_5_moe",
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 2,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+        "rope_parameters": {"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    },
 }
 # caches DFlash cannot roll back: Mamba / Mamba-2 / short-convolution layers, alone or beside attention
 UNSUPPORTED = {
-    "mamba": {"model_type": "mamba", "state_size": 8, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
-              "time_step_rank": 4},
-    "nemotron_h": {"model_type": "nemotron_h", "attention_bias": False, "mamba_num_heads": 4, "mamba_head_dim": 16,
-                   "mamba_proj_bias": False, "ssm_state_size": 8, "conv_kernel": 4, "n_groups": 1, "mlp_bias": False,
-                   "layer_norm_epsilon": 1e-5, "use_bias": False, "use_conv_bias": True,
-                   "hybrid_override_pattern": "M*M*"},
-    "jamba": {"model_type": "jamba", "attn_layer_offset": 1, "attn_layer_period": 2, "expert_layer_offset": 1,
-              "expert_layer_period": 2, "mamba_d_conv": 4, "mamba_d_state": 8, "mamba_expand": 2, "num_experts": 2,
-              "num_experts_per_tok": 1},
-    "lfm2": {"model_type": "lfm2", "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3, "block_dim": 64,
-             "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": False,
-             "full_attn_idxs": [1, 3]},
+    "mamba": {
+        "model_type": "mamba",
+        "state_size": 8,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": 4,
+    },
+    "nemotron_h": {
+        "model_type": "nemotron_h",
+        "attention_bias": False,
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 16,
+        "mamba_proj_bias": False,
+        "ssm_state_size": 8,
+        "conv_kernel": 4,
+        "n_groups": 1,
+        "mlp_bias": False,
+        "layer_norm_epsilon": 1e-5,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "hybrid_override_pattern": "M*M*",
+    },
+    "jamba": {
+        "model_type": "jamba",
+        "attn_layer_offset": 1,
+        "attn_layer_period": 2,
+        "expert_layer_offset": 1,
+        "expert_layer_period": 2,
+        "mamba_d_conv": 4,
+        "mamba_d_state": 8,
+        "mamba_expand": 2,
+        "num_experts": 2,
+        "num_experts_per_tok": 1,
+    },
+    "lfm2": {
+        "model_type": "lfm2",
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "block_dim": 64,
+        "block_multiple_of": 16,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": False,
+        "full_attn_idxs": [1, 3],
+    },
 }
 
 
@@ -278,9 +332,12 @@ def _lossless_for_every_accepted_length(pair, prompts, max_tokens=60):
     for ids in prompts:
         _, base = run(pair.baseline(ids, max_tokens))
         for block_size in (16, 4):
-            drafts = {"draft model": None, "oracle": oracle_draft(len(ids), base.tokens),
-                      "wrong": _corrupting_draft(base.tokens, len(ids), vocab, rng, "wrong"),
-                      "partly": _corrupting_draft(base.tokens, len(ids), vocab, rng, "partly")}
+            drafts = {
+                "draft model": None,
+                "oracle": oracle_draft(len(ids), base.tokens),
+                "wrong": _corrupting_draft(base.tokens, len(ids), vocab, rng, "wrong"),
+                "partly": _corrupting_draft(base.tokens, len(ids), vocab, rng, "partly"),
+            }
             for name, draft_fn in drafts.items():
                 _, ours = run(pair.dflash(ids, max_tokens, block_size, draft_fn=draft_fn, min_confidence=0.0))
                 assert ours.tokens == base.tokens, (name, block_size)

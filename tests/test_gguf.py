@@ -2,7 +2,7 @@
 llama.cpp tensor names, the tokenizer in the metadata) converts into an mlx-lm directory that
 computes the same logits, stays lossless under DFlash, tokenizes like the original, fails with one
 error line, and is converted once per file content."""
-import dflash_core  # noqa: F401  (system BLAS before MLX)
+
 import json
 import os
 import struct
@@ -16,11 +16,14 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 from tokenizers import pre_tokenizers
 
+import dflash_core  # noqa: F401  (system BLAS before MLX)
 from dflash_core.engine import oracle_draft
 from dflash_core.errors import DFlashError
 from dflash_core.events import RunSummary
 from dflash_core.loading import load_pair, load_target, resolve
 from dflash_core.random_models import write_draft
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,17 +39,31 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 GGUF_NAMES = {  # mlx-lm name part -> llama.cpp's
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
 }
 
 
 def random_llama(tie=True, seed=0):
     args = llama.ModelArgs(
-        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=len(TOKENS),
-        rope_theta=10000.0, tie_word_embeddings=tie, rope_traditional=False,
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=len(TOKENS),
+        rope_theta=10000.0,
+        tie_word_embeddings=tie,
+        rope_traditional=False,
     )
     mx.random.seed(seed)
     model = llama.Model(args)
@@ -142,12 +159,18 @@ def one_line_error(path) -> str:
 
 # 1. conversion round trip -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("tie", [True, False])
 def test_round_trip_gives_the_same_logits(tmp_path, cache, tie):
     path, original = write_gguf(tmp_path / "tiny.gguf", tie=tie)
     out = resolve(str(path), "target")
     assert out.is_dir() and out.parent == cache / "gguf" and out.name.startswith("tiny-")
-    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    assert {p.name for p in out.iterdir()} == {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == "llama" and cfg["tie_word_embeddings"] is tie and "quantization" not in cfg
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]) == (64, 2, 128)
@@ -180,6 +203,7 @@ def test_unpermuted_q_and_k_matter(tmp_path, cache):
 
 # 2. lossless through the engine -------------------------------------------------------------------
 
+
 def run(gen):
     events = list(gen)
     assert isinstance(events[-1], RunSummary)
@@ -206,6 +230,7 @@ def test_gguf_target_is_lossless(tmp_path, cache):
 
 
 # 3. the tokenizer from the metadata ---------------------------------------------------------------
+
 
 def converted_tokenizer(tmp_path, pre="smollm", extra_metadata=None):
     from mlx_lm.utils import load_tokenizer
@@ -243,6 +268,7 @@ def test_add_bos_token(tmp_path, cache):
 
 
 # 4. errors: one DFlashError line ----------------------------------------------------------------
+
 
 def finished_conversions(cache) -> list:
     return [p.name for p in (cache / "gguf").iterdir() if ".partial-" not in p.name]
@@ -289,8 +315,14 @@ def test_failed_conversion_leaves_nothing(tmp_path, cache):
 
 def cli_generate(tmp_path, model, *extra):
     env = {**os.environ, "DFLASH_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "dflash_core", "generate", "--model", str(model), "--prompt", "hi", *extra],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_core", "generate", "--model", str(model), "--prompt", "hi", *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
 
 
 def cli_error_line(out) -> str:
@@ -319,10 +351,13 @@ def test_cli_corrupt_header_is_one_error_line(tmp_path):
     bad = tmp_path / "BAD.gguf"
     bad.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1 << 40, 0))  # version 3, 2**40 tensors, no metadata
     (tmp_path / "draft").mkdir()
-    assert "damaged or truncated header" in cli_error_line(cli_generate(tmp_path, bad, "--draft", str(tmp_path / "draft")))
+    assert "damaged or truncated header" in cli_error_line(
+        cli_generate(tmp_path, bad, "--draft", str(tmp_path / "draft"))
+    )
 
 
 # 5. the cache -------------------------------------------------------------------------------------
+
 
 def test_converted_once_per_content(tmp_path, cache, capsys):
     path, _ = write_gguf(tmp_path / "m.gguf", seed=0)

@@ -3,11 +3,13 @@ laid out as the hub writes it (tests/hub_cache.py) and filled with random models
 registry's names: resolution order (the draft's files before the target's weights), an unmatched
 draft refused before any weights are needed, the sizes `dflash models` lists, the one error line
 when a file is missing."""
+
 import json
 import shutil
 
 import mlx.core as mx
 import pytest
+from hub_cache import put_repo
 from huggingface_hub import constants
 
 from dflash_core import hub
@@ -16,8 +18,6 @@ from dflash_core.errors import DFlashError
 from dflash_core.loading import load_pair
 from dflash_core.random_models import write_draft, write_target
 from dflash_core.registry import DRAFTS
-
-from hub_cache import put_repo
 
 TARGET, DRAFT = "mlx-community/Qwen3-4B-4bit", DRAFTS["Qwen3-4B"]
 OTHER_DRAFT = DRAFTS["Qwen3-8B"]
@@ -30,8 +30,11 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("hub-models")
     target = write_target(root / "target", "qwen3", seed=5)
     wide = write_target(root / "wide", "qwen3", seed=6, hidden=96, head_dim=24)
-    return {"target": target, "draft": write_draft(root / "draft", target, layers=1, seed=7),
-            "other_draft": write_draft(root / "other-draft", wide, layers=1, seed=8)}
+    return {
+        "target": target,
+        "draft": write_draft(root / "draft", target, layers=1, seed=7),
+        "other_draft": write_draft(root / "other-draft", wide, layers=1, seed=8),
+    }
 
 
 @pytest.fixture()
@@ -129,12 +132,19 @@ def _shard(source, out):
 def test_a_missing_shard_offline_is_one_error_line(models, cache, tmp_path, capsys, listing):
     """An interrupted download: one shard of the target is missing. huggingface-hub >= 2 knows from
     its saved file listing; without one, the safetensors index tells. Either way: one line."""
-    put_repo(cache, TARGET, _shard(models["target"], tmp_path / "sharded"),
-             leave_out={"model-00002-of-00002.safetensors"}, listing=listing)
+    put_repo(
+        cache,
+        TARGET,
+        _shard(models["target"], tmp_path / "sharded"),
+        leave_out={"model-00002-of-00002.safetensors"},
+        listing=listing,
+    )
     put_repo(cache, DRAFT, models["draft"])
     msg = cli_error(capsys, "generate", "--model", TARGET, "--prompt", "hi")
-    assert msg == (f"error: target '{TARGET}' is only partly in the Hugging Face cache and HF_HUB_OFFLINE=1 is set; "
-                   f"run `hf download {TARGET}` online to complete it, or unset HF_HUB_OFFLINE")
+    assert msg == (
+        f"error: target '{TARGET}' is only partly in the Hugging Face cache and HF_HUB_OFFLINE=1 is set; "
+        f"run `hf download {TARGET}` online to complete it, or unset HF_HUB_OFFLINE"
+    )
 
 
 def test_models_lists_the_sizes_in_the_cache_offline(models, cache, capsys):
@@ -144,7 +154,12 @@ def test_models_lists_the_sizes_in_the_cache_offline(models, cache, capsys):
     rows = {r["target"]: r for r in json.loads(capsys.readouterr().out)}
     row = rows[TARGET]
     assert row["draft"] == DRAFT and row["kind"] == "mlx-4bit" and not row["gated"]
-    assert row["target_size"] == {"repo": TARGET, "total": sum(target_files.values()), "to_download": 0, "source": "cache"}
+    assert row["target_size"] == {
+        "repo": TARGET,
+        "total": sum(target_files.values()),
+        "to_download": 0,
+        "source": "cache",
+    }
     assert row["draft_size"]["total"] == sum(draft_files.values())
     original = rows["Qwen/Qwen3-4B"]  # not in the cache: unknown offline, never guessed
     assert original["target_size"]["total"] is None and original["draft_size"]["total"] == sum(draft_files.values())
@@ -166,6 +181,8 @@ def test_sizes_come_from_the_hubs_listing_minus_the_cache(models, cache, monkeyp
     listing = [{"rfilename": name, "size": size} for name, size in files.items()]
     listing += [{"rfilename": "README.md", "size": 10_000}, {"rfilename": "q4.gguf", "size": 10**9}]
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(HfApi, "model_info", lambda self, repo, **kw: ModelInfo(id=repo, sha="0" * 40, siblings=listing))
+    monkeypatch.setattr(
+        HfApi, "model_info", lambda self, repo, **kw: ModelInfo(id=repo, sha="0" * 40, siblings=listing)
+    )
     size = hub.size(TARGET)
     assert size.source == "hub" and size.total == sum(files.values()) and size.to_download == files[WEIGHTS]

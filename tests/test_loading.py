@@ -1,4 +1,5 @@
 """The loader and the CLI's answers to bad input: one `error:` line, exit 2, no traceback."""
+
 import json
 import os
 import shutil
@@ -6,14 +7,13 @@ import subprocess
 import sys
 
 import pytest
+from code_prompts import PROMPTS
 from mlx_lm import stream_generate
 from mlx_lm.sample_utils import make_sampler
 
 from dflash_core.cli import main
 from dflash_core.loading import load_pair
 from dflash_core.random_models import FAMILIES, write_draft, write_pair
-
-from conftest import PROMPTS
 
 
 def cli_error(capsys, *argv):
@@ -25,7 +25,18 @@ def cli_error(capsys, *argv):
 
 
 def gen_args(target, draft, *extra):
-    return ["generate", "--model", str(target), "--draft", str(draft), "--prompt", "def f(x):", "--max-tokens", "8", *extra]
+    return [
+        "generate",
+        "--model",
+        str(target),
+        "--draft",
+        str(draft),
+        "--prompt",
+        "def f(x):",
+        "--max-tokens",
+        "8",
+        *extra,
+    ]
 
 
 @pytest.fixture()
@@ -117,8 +128,9 @@ def test_bad_requests(capsys, random_dirs, tmp_path):
     assert "not a whole number" in cli_error(capsys, *base, "--prompt", "x", "--max-tokens", "ten")
     small = shutil.copytree(t, tmp_path / "small")
     edit_config(small, max_position_embeddings=64)
-    assert "context is 64" in cli_error(capsys, "generate", "--model", str(small), "--draft", str(d),
-                                        "--prompt", "word " * 200)
+    assert "context is 64" in cli_error(
+        capsys, "generate", "--model", str(small), "--draft", str(d), "--prompt", "word " * 200
+    )
 
 
 @pytest.mark.parametrize(
@@ -161,14 +173,34 @@ def test_cli_generate_matches_mlx_lm_greedy(tmp_path, family):
     t, d = write_pair(tmp_path, family, seed=1234)
     pair = load_pair(str(t), str(d))
     prompt_ids = pair.encode("def parse(line):", chat_template=True)
-    reference = [r.token for r in stream_generate(pair.model, pair.tokenizer, prompt_ids, max_tokens=48,
-                                                  sampler=make_sampler(temp=0.0))]
+    reference = [
+        r.token
+        for r in stream_generate(pair.model, pair.tokenizer, prompt_ids, max_tokens=48, sampler=make_sampler(temp=0.0))
+    ]
     for block in (16, 5):
         out = subprocess.run(
-            [sys.executable, "-m", "dflash_core", "generate", "--model", str(t), "--draft", str(d),
-             "--prompt", "def parse(line):", "--max-tokens", "48", "--block-size", str(block),
-             "--json", "--compare-baseline"],
-            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "dflash_core",
+                "generate",
+                "--model",
+                str(t),
+                "--draft",
+                str(d),
+                "--prompt",
+                "def parse(line):",
+                "--max-tokens",
+                "48",
+                "--block-size",
+                str(block),
+                "--json",
+                "--compare-baseline",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            timeout=300,
         )
         assert out.returncode == 0, out.stderr
         res = json.loads(out.stdout)  # stdout is exactly one JSON object

@@ -1,6 +1,7 @@
 """The wheel installs the `dflash` and `dflash-playground` commands under one top-level name
 (dflash_core: the clone's ui/ and assets/ ship inside it), and an installed copy finds its assets
 and its playground inside the install, away from the clone."""
+
 import json
 import os
 import shutil
@@ -10,6 +11,10 @@ import sysconfig
 import venv
 import zipfile
 from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,8 +29,22 @@ def build_wheel(tmp_path) -> Path:
         shutil.copy2(ROOT / name, src / name)
     for name in ("dflash_core", "ui", "assets"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.gguf"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path / "dist")], check=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
     return next((tmp_path / "dist").glob("*.whl"))
 
 
@@ -46,8 +65,12 @@ def test_wheel_installs_working_commands_in_one_namespace(tmp_path):
         names = z.namelist()
         entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"dflash_core"}
-    for f in ("dflash_core/ui/app.py", "dflash_core/commands/serve.py", "dflash_core/assets/prompts/python.json",
-              "dflash_core/assets/models/stdlib-hybrid/draft/config.json"):
+    for f in (
+        "dflash_core/ui/app.py",
+        "dflash_core/commands/serve.py",
+        "dflash_core/assets/prompts/python.json",
+        "dflash_core/assets/models/stdlib-hybrid/draft/config.json",
+    ):
         assert f in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "dflash = dflash_core.cli:main" in entry_points
@@ -55,8 +78,23 @@ def test_wheel_installs_working_commands_in_one_namespace(tmp_path):
 
     env_dir = tmp_path / "venv"
     site = fresh_venv(env_dir)
-    subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--offline", "--no-deps",
-                    "--python", str(env_dir / "bin" / "python"), str(wheel)], check=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "uv",
+            "pip",
+            "install",
+            "-q",
+            "--offline",
+            "--no-deps",
+            "--python",
+            str(env_dir / "bin" / "python"),
+            str(wheel),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
     assert not {"app.py", "ui", "assets"} & {p.name for p in site.iterdir()}
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -71,17 +109,34 @@ def test_wheel_installs_working_commands_in_one_namespace(tmp_path):
     assert models.returncode == 0, models.stderr
     assert str(site / "dflash_core" / "assets" / "models") in models.stdout  # the shipped pairs, inside the install
 
-    gen = run(str(bin_dir / "dflash"), "generate", "--model", "stdlib-hybrid", "--prompt", "def add(a, b):",
-              "--max-tokens", "8", "--no-chat-template", "--json")
+    gen = run(
+        str(bin_dir / "dflash"),
+        "generate",
+        "--model",
+        "stdlib-hybrid",
+        "--prompt",
+        "def add(a, b):",
+        "--max-tokens",
+        "8",
+        "--no-chat-template",
+        "--json",
+    )
     assert gen.returncode == 0, gen.stderr
     out = json.loads(gen.stdout)
     assert 1 <= len(out["tokens"]) <= 8 and out["text"] and out["stats"]["cycles"] >= 1
 
-    found = run(str(bin_dir / "python"), "-c", "import dflash_core, dflash_core.layout as l; "
-                "print(dflash_core.__file__, l.playground_package().__name__, l.ASSETS, sep='\\n')")
+    found = run(
+        str(bin_dir / "python"),
+        "-c",
+        "import dflash_core, dflash_core.layout as l; "
+        "print(dflash_core.__file__, l.playground_package().__name__, l.ASSETS, sep='\\n')",
+    )
     assert found.returncode == 0, found.stderr
-    assert found.stdout.split("\n")[:3] == [str(site / "dflash_core" / "__init__.py"), "dflash_core.ui",
-                                            str(site / "dflash_core" / "assets")]
+    assert found.stdout.split("\n")[:3] == [
+        str(site / "dflash_core" / "__init__.py"),
+        "dflash_core.ui",
+        str(site / "dflash_core" / "assets"),
+    ]
     for top_level in ("ui", "app", "assets"):
         assert run(str(bin_dir / "python"), "-c", f"import {top_level}").returncode != 0
 
@@ -90,22 +145,30 @@ def test_wheel_installs_working_commands_in_one_namespace(tmp_path):
     assert playground.stdout.startswith("usage: dflash-playground")
     bad = run(str(bin_dir / "dflash-playground"), "--port", "70000")
     assert bad.returncode == 2 and bad.stderr.splitlines() == [
-        "error: argument --port: 70000 is not a port: give a whole number 1..65535 (see `dflash-playground --help`)"]
+        "error: argument --port: 70000 is not a port: give a whole number 1..65535 (see `dflash-playground --help`)"
+    ]
 
 
 def test_install_script_installs_this_clone_as_commands(tmp_path):
     """scripts/install.sh ends with an editable install: .venv/bin/dflash runs this clone's code
     (dflash_core.ui is the clone's ui/) from any directory."""
     bin_dir = Path(sys.executable).parent
-    probe = ("import dflash_core, dflash_core.layout as l; "
-             "print(dflash_core.__file__, l.playground_package().__file__, l.ASSETS, sep='\\n')")
-    found = subprocess.run([str(bin_dir / "python"), "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=120)
+    probe = (
+        "import dflash_core, dflash_core.layout as l; "
+        "print(dflash_core.__file__, l.playground_package().__file__, l.ASSETS, sep='\\n')"
+    )
+    found = subprocess.run(
+        [str(bin_dir / "python"), "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert found.returncode == 0, found.stderr
-    assert found.stdout.split("\n")[:3] == [str(ROOT / "dflash_core" / "__init__.py"),
-                                            str(ROOT / "ui" / "__init__.py"), str(ROOT / "assets")]
-    helps = subprocess.run([str(bin_dir / "dflash"), "generate", "--help"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=60)
+    assert found.stdout.split("\n")[:3] == [
+        str(ROOT / "dflash_core" / "__init__.py"),
+        str(ROOT / "ui" / "__init__.py"),
+        str(ROOT / "assets"),
+    ]
+    helps = subprocess.run(
+        [str(bin_dir / "dflash"), "generate", "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert helps.returncode == 0 and "--num-draft-tokens" in helps.stdout
     assert (bin_dir / "dflash-playground").is_file()
 
@@ -117,7 +180,8 @@ def test_clone_runs_without_installing(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *deps])}
     probe = "import dflash_core.layout as l; print(l.playground_package().__name__, l.ASSETS, sep='\\n')"
     # -S: no site-packages processing, so the editable install's import hook is absent
-    found = subprocess.run([sys.executable, "-S", "-c", probe], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=120)
+    found = subprocess.run(
+        [sys.executable, "-S", "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert found.returncode == 0, found.stderr
     assert found.stdout.split("\n")[:2] == ["ui", str(ROOT / "assets")]

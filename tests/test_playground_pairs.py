@@ -2,10 +2,12 @@
 thinking switch where the chat template has one, the draft's precision, and a hub pair that shows
 its size and asks before it downloads (through the real huggingface-hub, offline, from a cache
 laid out as the hub writes it)."""
+
 import json
 import shutil
 
 import pytest
+from hub_cache import put_repo
 from huggingface_hub import constants
 
 from dflash_core.cli import main
@@ -14,8 +16,6 @@ from dflash_core.loading import load_pair
 from dflash_core.registry import DRAFTS
 from dflash_core.tokenizer import CHAT_TEMPLATE
 from dflash_core.worker import default_worker
-
-from hub_cache import put_repo
 
 PROMPT = "def f(x):"
 NO_PROGRESS = {"progress": lambda *a, **k: None}
@@ -27,8 +27,9 @@ def thinking_dirs(random_dirs, tmp_path_factory):
     t, d = random_dirs["qwen3"]
     t = shutil.copytree(t, tmp_path_factory.mktemp("thinking") / "target")
     cfg = json.loads((t / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = CHAT_TEMPLATE.replace("assistant\n{% endif %}",
-                                                 "assistant\n{% if enable_thinking %}<think>{% endif %}{% endif %}")
+    cfg["chat_template"] = CHAT_TEMPLATE.replace(
+        "assistant\n{% endif %}", "assistant\n{% if enable_thinking %}<think>{% endif %}{% endif %}"
+    )
     (t / "tokenizer_config.json").write_text(json.dumps(cfg))
     return str(t), str(d)
 
@@ -58,7 +59,10 @@ def test_generate_benchmark_and_the_page_share_one_chat_template_default(pair_of
     assert benched["config"]["chat_template"] is pair.chat_default
     catalogue = Catalogue(default_worker(), [(model, draft)])
     key = catalogue.default_key()
-    assert Playground(catalogue, default_worker(), 64).select_model(key, 16, 32, **NO_PROGRESS)[3].value is pair.chat_default
+    assert (
+        Playground(catalogue, default_worker(), 64).select_model(key, 16, 32, **NO_PROGRESS)[3].value
+        is pair.chat_default
+    )
 
 
 def test_thinking_where_the_template_has_it(thinking_dirs, random_pairs, capsys):
@@ -69,7 +73,9 @@ def test_thinking_where_the_template_has_it(thinking_dirs, random_pairs, capsys)
     args = ["benchmark", "--model", t, "--draft", d, "--prompt", PROMPT, "--max-tokens", "2", "--repeat", "1"]
     assert {r["prompt_tokens"] for r in cli_json(capsys, *args)["runs"]} == {off}  # off unless asked for
     thinking = cli_json(capsys, *args, "--chat-template-args", '{"enable_thinking": true}')
-    assert {r["prompt_tokens"] for r in thinking["runs"]} == {len(pair.encode(PROMPT, template_args={"enable_thinking": True}))}
+    assert {r["prompt_tokens"] for r in thinking["runs"]} == {
+        len(pair.encode(PROMPT, template_args={"enable_thinking": True}))
+    }
     assert thinking["config"]["template_args"] == {"enable_thinking": True}
 
 
@@ -84,8 +90,15 @@ def page(thinking_dirs):
 
 def finished_run(play, **settings) -> dict:
     """Press Run with these settings; the run's exported JSON."""
-    values = {"prompt": PROMPT, "key": play.catalogue.default_key(), "max_tokens": 24, "block_size": 4, "chat": True,
-              "min_confidence": 0.0, **settings}
+    values = {
+        "prompt": PROMPT,
+        "key": play.catalogue.default_key(),
+        "max_tokens": 24,
+        "block_size": 4,
+        "chat": True,
+        "min_confidence": 0.0,
+        **settings,
+    }
     frames = list(play.run(**values))
     assert "error-panel" not in str(frames[-1].get(play.ui["status"], "")), frames[-1]
     return json.loads(sorted(play.export_dir.glob("dflash-run-*.json"))[-1].read_text())
@@ -131,7 +144,9 @@ def test_a_hub_pair_shows_its_size_and_downloads_only_when_asked(random_dirs, tm
     # online, the hub's file listing gives the size (the hub's answer stood in for: no network in tests)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     listing = [{"rfilename": name, "size": size} for name, size in files.items()]
-    monkeypatch.setattr(HfApi, "model_info", lambda self, repo, **kw: ModelInfo(id=repo, sha="0" * 40, siblings=listing))
+    monkeypatch.setattr(
+        HfApi, "model_info", lambda self, repo, **kw: ModelInfo(id=repo, sha="0" * 40, siblings=listing)
+    )
     info, *_, button, _ = play.select_model(target, 16, 32, **NO_PROGRESS)
     assert f"the target {target}" in info and "Press Download" in info and button.visible is True
     assert not catalogue.is_loaded(target)

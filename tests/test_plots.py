@@ -1,7 +1,8 @@
 """Benchmark pictures: the figure shows the numbers of the results it is given."""
-import dflash_core  # noqa: F401  (system BLAS before MLX)
+
 import pytest
 
+import dflash_core  # noqa: F401  (system BLAS before MLX)
 from dflash_core.benchmark import run_benchmark
 from dflash_core.errors import DFlashError
 from dflash_core.plots import benchmark_figure, save_benchmark_figure
@@ -9,8 +10,9 @@ from dflash_core.plots import benchmark_figure, save_benchmark_figure
 
 @pytest.fixture(scope="module")
 def results(random_pairs):
-    return run_benchmark(random_pairs["qwen3"], ["def fib(n):"], max_tokens=24, repeat=1, oracle=True,
-                         sweep=[4, 16], log=lambda *a: None)
+    return run_benchmark(
+        random_pairs["qwen3"], ["def fib(n):"], max_tokens=24, repeat=1, oracle=True, sweep=[4, 16], log=lambda *a: None
+    )
 
 
 def test_figure_shows_the_results(results):

@@ -1,38 +1,45 @@
 """The draft registry: base-name resolution offline, refusals that list the supported bases, and
 the `models` command."""
+
 import json
 
-import dflash_core  # noqa: F401  (system BLAS before MLX)
 import pytest
 
+import dflash_core  # noqa: F401  (system BLAS before MLX)
 from dflash_core.cli import main
 from dflash_core.errors import DFlashError
-from dflash_core.loading import SHIPPED, load_pair
-from dflash_core.registry import DRAFTS, draft_for, known_pairs
+from dflash_core.loading import load_pair
+from dflash_core.registry import DRAFTS, SHIPPED, draft_for, known_pairs
 
 
-@pytest.mark.parametrize("model, draft", [
-    ("Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16"),
-    ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16"),
-    ("mlx-community/Qwen3-4B-4bit", "z-lab/Qwen3-4B-DFlash-b16"),
-    ("mlx-community/Qwen3-8B-MLX-8bit", "z-lab/Qwen3-8B-DFlash-b16"),
-    ("Qwen/Qwen3.5-9B", "z-lab/Qwen3.5-9B-DFlash"),
-    ("mlx-community/Qwen3.5-35B-A3B-4bit", "z-lab/Qwen3.5-35B-A3B-DFlash"),
-    ("mlx-community/Qwen3.6-27B-4bit-DWQ", "z-lab/Qwen3.6-27B-DFlash"),
-    ("~/models/qwen3.5-4b-bf16/", "z-lab/Qwen3.5-4B-DFlash"),
-    ("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
-    ("mlx-community/Meta-Llama-3.1-8B-Instruct-4bit", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
-])
+@pytest.mark.parametrize(
+    "model, draft",
+    [
+        ("Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16"),
+        ("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16"),
+        ("mlx-community/Qwen3-4B-4bit", "z-lab/Qwen3-4B-DFlash-b16"),
+        ("mlx-community/Qwen3-8B-MLX-8bit", "z-lab/Qwen3-8B-DFlash-b16"),
+        ("Qwen/Qwen3.5-9B", "z-lab/Qwen3.5-9B-DFlash"),
+        ("mlx-community/Qwen3.5-35B-A3B-4bit", "z-lab/Qwen3.5-35B-A3B-DFlash"),
+        ("mlx-community/Qwen3.6-27B-4bit-DWQ", "z-lab/Qwen3.6-27B-DFlash"),
+        ("~/models/qwen3.5-4b-bf16/", "z-lab/Qwen3.5-4B-DFlash"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
+        ("mlx-community/Meta-Llama-3.1-8B-Instruct-4bit", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
+    ],
+)
 def test_known_targets_and_their_quantized_conversions_resolve(model, draft):
     assert draft_for(model) == draft
 
 
-@pytest.mark.parametrize("model", [
-    "assets/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf",
-    "~/Downloads/smollm2-135m-instruct-q8_0.gguf",
-    "HuggingFaceTB/SmolLM2-135M-Instruct",
-    "mlx-community/SmolLM2-135M-Instruct-8bit",
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "assets/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "~/Downloads/smollm2-135m-instruct-q8_0.gguf",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "mlx-community/SmolLM2-135M-Instruct-8bit",
+    ],
+)
 def test_copies_of_a_shipped_target_resolve_to_the_shipped_draft(model):
     assert draft_for(model) == str(SHIPPED["smollm2-135m"][1])
 
@@ -47,12 +54,15 @@ def test_shipped_pairs_resolve_to_their_draft_directory():
         assert draft_for(name) == str(draft)
 
 
-@pytest.mark.parametrize("model", [
-    "Qwen/Qwen3-4B-Instruct-2507",  # a fine-tune: the base's draft was not trained on it
-    "Qwen/Qwen3-14B",
-    "mistralai/Mistral-7B-v0.1",
-    "/some/dir/my-model",
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "Qwen/Qwen3-4B-Instruct-2507",  # a fine-tune: the base's draft was not trained on it
+        "Qwen/Qwen3-14B",
+        "mistralai/Mistral-7B-v0.1",
+        "/some/dir/my-model",
+    ],
+)
 def test_unknown_targets_are_refused_with_the_supported_bases(model):
     with pytest.raises(DFlashError) as e:
         draft_for(model)
@@ -70,7 +80,11 @@ def test_loader_refuses_a_target_without_draft(random_dirs):
 
 def test_every_base_has_a_4bit_mlx_community_target_that_resolves_to_its_draft():
     pairs = [p for p in known_pairs() if p.kind != "shipped"]
-    assert {p.base for p in pairs if p.kind == "mlx-4bit"} == set(DRAFTS) == {p.base for p in pairs if p.kind == "original"}
+    assert (
+        {p.base for p in pairs if p.kind == "mlx-4bit"}
+        == set(DRAFTS)
+        == {p.base for p in pairs if p.kind == "original"}
+    )
     for p in pairs:
         assert p.draft == DRAFTS[p.base] and draft_for(p.target) == p.draft
         if p.kind == "mlx-4bit":
@@ -90,5 +104,6 @@ def test_models_command_lists_every_pair(capsys, monkeypatch):
         assert name in out
     assert main(["models", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["base"], r["target"], r["draft"], r["kind"]) for r in rows] == \
-        [(p.base, p.target, p.draft, p.kind) for p in known_pairs()]
+    assert [(r["base"], r["target"], r["draft"], r["kind"]) for r in rows] == [
+        (p.base, p.target, p.draft, p.kind) for p in known_pairs()
+    ]

@@ -1,5 +1,6 @@
 """Speculative sampling keeps the target's distribution exactly (chi-square tests that a wrong
 variant fails), is seeded, and leaves the greedy path alone."""
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -9,10 +10,38 @@ from dflash_core.engine import oracle_draft
 from dflash_core.sampling import Sampling, speculative_accept
 
 # chi-square critical values at p = 0.001 (a correct sampler fails 1 run in 1,000)
-CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88,
-            10: 29.59, 11: 31.26, 12: 32.91, 13: 34.53, 14: 36.12, 15: 37.70, 16: 39.25, 17: 40.79,
-            18: 42.31, 19: 43.82, 20: 45.31, 21: 46.80, 22: 48.27, 23: 49.73, 24: 51.18, 25: 52.62,
-            26: 54.05, 27: 55.48, 28: 56.89, 29: 58.30, 30: 59.70}
+CHI2_999 = {
+    1: 10.83,
+    2: 13.82,
+    3: 16.27,
+    4: 18.47,
+    5: 20.52,
+    6: 22.46,
+    7: 24.32,
+    8: 26.12,
+    9: 27.88,
+    10: 29.59,
+    11: 31.26,
+    12: 32.91,
+    13: 34.53,
+    14: 36.12,
+    15: 37.70,
+    16: 39.25,
+    17: 40.79,
+    18: 42.31,
+    19: 43.82,
+    20: 45.31,
+    21: 46.80,
+    22: 48.27,
+    23: 49.73,
+    24: 51.18,
+    25: 52.62,
+    26: 54.05,
+    27: 55.48,
+    28: 56.89,
+    29: 58.30,
+    30: 59.70,
+}
 
 
 def chi_square(counts: dict, expected: dict, n: int) -> tuple:
@@ -89,6 +118,7 @@ def test_accept_keeps_a_proposal_the_target_likes_more_than_the_draft():
 
 # --- through the engine, on a small random pair ---------------------------------------------------
 
+
 @pytest.fixture()
 def sharp_pair(random_pairs):
     """A random llama pair whose output head is scaled up, so its distributions are peaked enough
@@ -112,8 +142,10 @@ def target_two_tokens(pair, ids, s: Sampling) -> dict:
     return out
 
 
-@pytest.mark.parametrize("temperature,top_p,draft", [(1.0, 1.0, "greedy-continuation"), (0.7, 0.9, "greedy-continuation"),
-                                                     (1.0, 1.0, "model")])
+@pytest.mark.parametrize(
+    "temperature,top_p,draft",
+    [(1.0, 1.0, "greedy-continuation"), (0.7, 0.9, "greedy-continuation"), (1.0, 1.0, "model")],
+)
 def test_dflash_sampling_has_the_targets_distribution(sharp_pair, temperature, top_p, draft):
     pair = sharp_pair
     ids = pair.encode("def fib(n):", chat_template=False)
@@ -171,6 +203,7 @@ def test_probabilities_are_mlx_lms_sampler(random_pairs):
 
 # --- the command line ----------------------------------------------------------------------------
 
+
 def test_generate_with_a_seed_is_repeatable_and_reports_acceptance(random_dirs):
     import json
     import subprocess
@@ -179,10 +212,31 @@ def test_generate_with_a_seed_is_repeatable_and_reports_acceptance(random_dirs):
     t, d = random_dirs["llama"]
 
     def generate(seed):
-        out = subprocess.run([sys.executable, "-m", "dflash_core", "generate", "--model", str(t), "--draft", str(d),
-                              "--prompt", "def fib(n):", "--max-tokens", "24", "--temperature", "0.8",
-                              "--seed", str(seed), "--json", "--compare-baseline"],
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dflash_core",
+                "generate",
+                "--model",
+                str(t),
+                "--draft",
+                str(d),
+                "--prompt",
+                "def fib(n):",
+                "--max-tokens",
+                "24",
+                "--temperature",
+                "0.8",
+                "--seed",
+                str(seed),
+                "--json",
+                "--compare-baseline",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 

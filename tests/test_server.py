@@ -3,6 +3,7 @@ server on a free localhost port. The pair is a small random target with its draf
 token the target falls into repeating (see ui_pair.pin_draft), so some proposals are accepted and
 the acceptance counters are checked against something that is not always zero. Every text the
 server returns is compared with a lone plain greedy run of the same prompt."""
+
 import contextlib
 import os
 import subprocess
@@ -13,19 +14,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-import dflash_core  # noqa: F401  (system BLAS before MLX)
 import httpx
 import openai
 import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
+from ui_pair import PROMPT, free_port, pinned_random_pair
 
-from dflash_core.loading import DEFAULT_PAIR, SHIPPED, load_pair
+import dflash_core  # noqa: F401  (system BLAS before MLX)
+from dflash_core.loading import load_pair
+from dflash_core.registry import DEFAULT_PAIR, SHIPPED
 from dflash_core.sampling import Sampling
 from dflash_core.server import create_app
 from dflash_core.tokenizer import TextStream
 from dflash_core.worker import default_worker
-from ui_pair import PROMPT, free_port, pinned_random_pair
+
+pytestmark = pytest.mark.slow
 
 MODEL = "random-qwen3"
 SHIPPED_TARGET = SHIPPED[DEFAULT_PAIR][0]  # the GGUF that scripts/install.sh fetches
@@ -46,8 +50,13 @@ def serving(pinned, **options):
     assert server.started, "uvicorn did not start"
     url = f"http://127.0.0.1:{port}"
     try:
-        yield SimpleNamespace(url=url, app=app, pair=pinned.pair, worker=pinned.worker,
-                              client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0))
+        yield SimpleNamespace(
+            url=url,
+            app=app,
+            pair=pinned.pair,
+            worker=pinned.worker,
+            client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0),
+        )
     finally:
         server.should_exit = True
         thread.join(10)
@@ -97,7 +106,8 @@ def test_chat_completion_is_greedy_output(served):
     s = served
     text, tokens, ids = greedy(s, "class Stack:", 40, chat=True)
     raw = s.client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "class Stack:"}], max_tokens=40)
+        model=MODEL, messages=[{"role": "user", "content": "class Stack:"}], max_tokens=40
+    )
     r = raw.parse()
     assert raw.headers["x-dflash-path"] == "dflash"
     assert r.choices[0].message.role == "assistant"
@@ -112,8 +122,12 @@ def test_streamed_chat_completion(served):
     s = served
     text, tokens, ids = greedy(s, "hello", 60, chat=True)
     stream = s.client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=60, stream=True,
-        stream_options={"include_usage": True})
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=60,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     assert len([d for d in deltas if d]) > 1, "the answer came in one piece, not streamed"
@@ -165,8 +179,9 @@ def test_temperature_goes_through_dflash_and_dflash_false_is_plain(served):
     *_, ours = s.worker.call(lambda: list(s.pair.dflash(ids, 30, sampling=sampling)))
     *_, plain = s.worker.call(lambda: list(s.pair.baseline(ids, 30, sampling=sampling)))
     for extra, path, ref in (({}, "dflash", ours), ({"dflash": False}, "plain", plain)):
-        raw = s.client.completions.with_raw_response.create(model=MODEL, prompt="hello", max_tokens=30, temperature=1.0,
-                                                             top_p=0.9, seed=7, extra_body=extra)
+        raw = s.client.completions.with_raw_response.create(
+            model=MODEL, prompt="hello", max_tokens=30, temperature=1.0, top_p=0.9, seed=7, extra_body=extra
+        )
         r = raw.parse()
         assert raw.headers["x-dflash-path"] == path
         assert r.choices[0].text == s.pair.decode([t for t in ref.tokens if t not in s.pair.eos_ids])
@@ -178,7 +193,11 @@ def test_temperature_goes_through_dflash_and_dflash_false_is_plain(served):
 def test_bad_requests_get_openai_errors(served):
     s = served
     # malformed JSON
-    r = httpx.post(s.url + "/v1/chat/completions", content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"})
+    r = httpx.post(
+        s.url + "/v1/chat/completions",
+        content=b'{"model": "x", "messages": [',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     assert r.json()["error"]["type"] == "invalid_request_error"
     # a field of the wrong type
@@ -230,15 +249,22 @@ def test_client_disconnect_stops_generation(served):
 
 def test_concurrent_clients_each_get_their_own_answer(served):
     s = served
-    jobs = [("hello", True, False), ("import os\n", False, True), ("class Stack:", True, True),
-            (PROMPT, False, False), ("x = [1, 2", False, True), ("hello", False, False)]
+    jobs = [
+        ("hello", True, False),
+        ("import os\n", False, True),
+        ("class Stack:", True, True),
+        (PROMPT, False, False),
+        ("x = [1, 2", False, True),
+        ("hello", False, False),
+    ]
     expected = [greedy(s, p, 64, chat)[0] for p, chat, _ in jobs]
 
     def ask(job):
         prompt, chat, stream = job
         if chat:
-            r = s.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
-                                                 max_tokens=64, stream=stream)
+            r = s.client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=64, stream=stream
+            )
             return "".join(c.choices[0].delta.content or "" for c in r) if stream else r.choices[0].message.content
         r = s.client.completions.create(model=MODEL, prompt=prompt, max_tokens=64, stream=stream)
         return "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
@@ -261,8 +287,9 @@ def test_metrics_count_what_the_engine_did(served):
     assert m["dflash_spec_decode_num_draft_tokens_total"] == sum(r["drafted_tokens"] for r in runs)
     assert m["dflash_spec_decode_num_accepted_tokens_total"] == sum(r["accepted_tokens"] for r in runs)
     per_pos = [sum(r["accepted_per_position"][k] for r in runs) for k in range(s.pair.block_size - 1)]
-    assert [m[f"dflash_spec_decode_num_accepted_tokens_per_pos_total[position={k}]"]
-            for k in range(s.pair.block_size - 1)] == per_pos
+    assert [
+        m[f"dflash_spec_decode_num_accepted_tokens_per_pos_total[position={k}]"] for k in range(s.pair.block_size - 1)
+    ] == per_pos
     assert m["dflash_generation_tokens_total[path=dflash]"] == sum(r["generated_tokens"] for r in runs)
     assert m["dflash_tokens_per_cycle_count"] == m["dflash_spec_decode_num_drafts_total"]
     assert m["dflash_request_latency_seconds_count[path=dflash]"] == len(runs)
@@ -293,8 +320,14 @@ def test_serve_command_must_show(served):
     lone = SimpleNamespace(pair=pair, worker=s.worker)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "dflash_core", "serve", *args, "--port", str(port), "--no-playground"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflash_core", "serve", *args, "--port", str(port), "--no-playground"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60
@@ -315,8 +348,14 @@ def test_serve_command_must_show(served):
         assert m["dflash_spec_decode_num_drafts_total"] > 0
         assert m["dflash_spec_decode_num_accepted_tokens_total"] > 0
         # a second server on the same port is refused in one line, before loading anything
-        busy = subprocess.run([sys.executable, "-m", "dflash_core", "serve", "--port", str(port)],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        busy = subprocess.run(
+            [sys.executable, "-m", "dflash_core", "serve", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert busy.returncode == 2
         assert busy.stderr.strip().startswith("error: cannot listen") and "Traceback" not in busy.stderr
     finally:
@@ -352,7 +391,9 @@ def test_detokenizer_streams_exactly_the_full_text(scheme, step):
     else:
         tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
         alphabet = sorted(set(text.replace(" ", "\u2581")))
-    tok.train_from_iterator([text] * 3, trainers.BpeTrainer(vocab_size=280, initial_alphabet=alphabet, show_progress=False))
+    tok.train_from_iterator(
+        [text] * 3, trainers.BpeTrainer(vocab_size=280, initial_alphabet=alphabet, show_progress=False)
+    )
     ids = tok.encode(text).ids
     full = tok.decode(ids)
     assert scheme != "byte-level" or full == text

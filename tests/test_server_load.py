@@ -2,6 +2,7 @@
 concurrent clients. The pair is test_server's pinned random pair; on it "hello" runs to any
 max_tokens asked (no EOS), about 8 ms a token on 2 CPU cores, so a run of LONG tokens takes
 seconds and a cancelled one is plainly shorter. Every count and wait is bounded."""
+
 import asyncio
 import json
 import threading
@@ -9,15 +10,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-import dflash_core  # noqa: F401  (system BLAS before MLX)
 import httpx
 import openai
 import pytest
-
-from dflash_core.server import create_app
-from dflash_core.worker import Worker, default_worker
 from test_server import MODEL, greedy, metric_values, serving
 from ui_pair import PROMPT, pinned_random_pair
+
+import dflash_core  # noqa: F401  (system BLAS before MLX)
+from dflash_core.server import create_app
+from dflash_core.worker import Worker, default_worker
+
+pytestmark = pytest.mark.slow
 
 LONG = 2000  # tokens: a run this long takes many seconds; a cancelled one stops within a cycle
 
@@ -65,8 +68,12 @@ def test_48_queued_streams_leave_health_and_metrics_answering(served):
     async def scenario():
         limits = httpx.Limits(max_connections=n + 4)
         async with httpx.AsyncClient(base_url=s.url, timeout=30, limits=limits) as client:
-            streams = await asyncio.gather(*(client.send(client.build_request("POST", "/v1/completions", json=body),
-                                                         stream=True) for _ in range(n)))
+            streams = await asyncio.gather(
+                *(
+                    client.send(client.build_request("POST", "/v1/completions", json=body), stream=True)
+                    for _ in range(n)
+                )
+            )
             assert [r.status_code for r in streams] == [200] * n
             waits = []
             for _ in range(3):
@@ -100,8 +107,9 @@ def test_a_full_queue_answers_429_with_retry_after(pinned):
     with serving(pinned, max_queue=1) as s:
         body = {"model": MODEL, "prompt": "hello", "max_tokens": LONG, "stream": True}
         with httpx.Client(base_url=s.url, timeout=30) as client:
-            streams = [client.send(client.build_request("POST", "/v1/completions", json=body), stream=True)
-                       for _ in range(2)]
+            streams = [
+                client.send(client.build_request("POST", "/v1/completions", json=body), stream=True) for _ in range(2)
+            ]
             try:
                 assert running(s) == 2
                 r = httpx.post(s.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 5})
@@ -163,10 +171,20 @@ def test_a_client_that_stops_reading_is_cut_off_and_does_not_delay_the_next(pinn
                 return messages.pop()
             await asyncio.Event().wait()  # the client never hangs up
 
-        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-                 "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
-                 "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
-                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(request)).encode())]}
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/completions",
+            "raw_path": b"/v1/completions",
+            "query_string": b"",
+            "root_path": "",
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 80),
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(request)).encode())],
+        }
         stalled = asyncio.create_task(app(scope, receive, stalled_send))
         while len(received) < 3:  # it is generating, and has stopped taking data
             await asyncio.sleep(0.01)
@@ -184,12 +202,16 @@ def test_a_client_that_stops_reading_is_cut_off_and_does_not_delay_the_next(pinn
     assert seen_by_stalled == 3  # the next client was served while the first still took nothing
     cut = [m for m in metrics if m["outcome"] == "cut_off"]
     assert len(cut) == 1 and cut[0]["generated_tokens"] < LONG / 4
-    assert app.state.server.metrics.registry.get_sample_value(
-        "dflash_requests_total", {"path": "dflash", "outcome": "cut_off"}) == 1
+    assert (
+        app.state.server.metrics.registry.get_sample_value(
+            "dflash_requests_total", {"path": "dflash", "outcome": "cut_off"}
+        )
+        == 1
+    )
     events = b"".join(m.get("body", b"") for m in received[1:]).decode().split("\n\n")
-    assert json.loads(events[-3][len("data: "):])["error"]["code"] == "client_too_slow"
+    assert json.loads(events[-3][len("data: ") :])["error"]["code"] == "client_too_slow"
     assert events[-2] == "data: [DONE]"
-    texts = [json.loads(e[len("data: "):])["choices"][0]["text"] for e in events[:-3]]
+    texts = [json.loads(e[len("data: ") :])["choices"][0]["text"] for e in events[:-3]]
     assert 2 <= len(texts) <= 2 + 4  # what it took before stalling, then at most the buffer
 
 
@@ -205,8 +227,16 @@ def test_8_concurrent_clients_each_get_their_solo_result(served):
         ("completion", {"prompt": "hello", "max_tokens": 120, "stop": ["\n\n", "ab"]}),
         ("completion", {"prompt": "x = [1, 2", "max_tokens": 60, "stream": True}),
         ("completion", {"prompt": "hello", "max_tokens": 30, "temperature": 1.0, "seed": 7}),
-        ("chat", {"messages": [{"role": "user", "content": "x = [1, 2"}], "max_tokens": 30, "temperature": 0.7,
-                  "seed": 3, "stream": True}),
+        (
+            "chat",
+            {
+                "messages": [{"role": "user", "content": "x = [1, 2"}],
+                "max_tokens": 30,
+                "temperature": 0.7,
+                "seed": 3,
+                "stream": True,
+            },
+        ),
     ]
 
     def ask(item):
@@ -242,10 +272,20 @@ def test_a_queued_request_whose_client_hangs_up_never_runs(pinned):
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
-             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(request)).encode())]}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(request)).encode())],
+    }
     busy = pinned.worker.submit(time.sleep, 1.0)  # the worker is busy when the request arrives
     asyncio.run(asyncio.wait_for(app(scope, receive, send), 30))
     busy.result()

@@ -2,20 +2,23 @@
 pinned random pair: max_completion_tokens, the --max-tokens default, --api-key, --allowed-origins,
 mlx-lm's wired limit around generation, the flags themselves, and a target whose architecture
 DFlash cannot serve."""
+
 import contextlib
 import threading
 
-import dflash_core  # noqa: F401  (system BLAS before MLX)
 import openai
 import pytest
 from fastapi.testclient import TestClient
-
-from dflash_core import server as server_module
-from dflash_core.cli import main
-from dflash_core.worker import default_worker
 from test_engine import UNSUPPORTED, write_architecture
 from test_server import greedy
 from ui_pair import free_port, pinned_random_pair
+
+import dflash_core  # noqa: F401  (system BLAS before MLX)
+from dflash_core import server as server_module
+from dflash_core.cli import main
+from dflash_core.worker import default_worker
+
+pytestmark = pytest.mark.slow
 
 MODEL = "random-qwen3"
 KEY = "sesame-7f3a"
@@ -64,9 +67,16 @@ def test_max_tokens_option_is_the_default(pinned):
 
 def test_api_key_guards_the_api_but_not_health_or_metrics(pinned):
     with client(pinned, api_key=KEY) as c:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
-            for r in (c.get("/v1/models", headers=headers),
-                      c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 5}, headers=headers)):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": KEY},
+            {"Authorization": f"Basic {KEY}"},
+        ):
+            for r in (
+                c.get("/v1/models", headers=headers),
+                c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 5}, headers=headers),
+            ):
                 assert r.status_code == 401, headers
                 assert r.headers["www-authenticate"] == "Bearer"
                 assert r.json()["error"]["code"] == "invalid_api_key" and "Bearer" in r.json()["error"]["message"]
@@ -88,7 +98,10 @@ def test_api_key_guards_the_api_but_not_health_or_metrics(pinned):
 
 def test_allowed_origins_answer_cors(pinned):
     origin, other = "https://app.example", "https://evil.example"
-    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"}
+    preflight = {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     with client(pinned, allowed_origins=[origin], api_key=KEY) as c:
         r = c.options("/v1/chat/completions", headers={"Origin": origin, **preflight})
         assert r.status_code == 200  # the preflight carries no key, and needs none
@@ -126,10 +139,32 @@ def test_serve_flags_reach_the_server(pinned, monkeypatch, capsys):
     given = {}
     monkeypatch.setattr(server_module, "serve", lambda *args, **kwargs: given.update(kwargs))
     pair_args = ["--model", str(pinned.target), "--draft", str(pinned.draft), "--port", str(free_port())]
-    assert main(["serve", *pair_args, "--no-playground", "--api-key", KEY, "--allowed-origins", "https://a.example",
-                 "*", "--max-tokens", "9", "--max-queue", "0"]) == 0
-    assert given == {"playground": None, "api_key": KEY, "allowed_origins": ["https://a.example", "*"],
-                     "max_tokens": 9, "max_queue": 0}
+    assert (
+        main(
+            [
+                "serve",
+                *pair_args,
+                "--no-playground",
+                "--api-key",
+                KEY,
+                "--allowed-origins",
+                "https://a.example",
+                "*",
+                "--max-tokens",
+                "9",
+                "--max-queue",
+                "0",
+            ]
+        )
+        == 0
+    )
+    assert given == {
+        "playground": None,
+        "api_key": KEY,
+        "allowed_origins": ["https://a.example", "*"],
+        "max_tokens": 9,
+        "max_queue": 0,
+    }
     given.clear()
     assert main(["serve", *pair_args, "--no-playground"]) == 0
     assert given == {"playground": None, "api_key": None, "allowed_origins": None}  # the server's defaults apply
@@ -177,8 +212,9 @@ def test_the_playground_shows_an_unsupported_architecture_as_a_message(pinned, m
 
 def test_the_playground_asks_for_the_api_key(pinned):
     """With an API key the mounted playground is no way around it: it wants the key as password."""
-    app = server_module.create_app(pinned.pair, MODEL, api_key=KEY,
-                                   playground={"model": str(pinned.target), "draft": str(pinned.draft)})
+    app = server_module.create_app(
+        pinned.pair, MODEL, api_key=KEY, playground={"model": str(pinned.target), "draft": str(pinned.draft)}
+    )
     assert app.state.playground
     with TestClient(app) as c:
         assert c.get("/config").status_code == 401

@@ -2,6 +2,7 @@
 cycle commits), so where a character or a stop string falls across cycles is chosen by the test,
 not left to what a random model happens to say. Tokens are single UTF-8 bytes, as byte-level BPE
 tokens can be: a multi-byte character is then always split over tokens."""
+
 import json
 from types import SimpleNamespace
 
@@ -11,6 +12,8 @@ from fastapi.testclient import TestClient
 from dflash_core.errors import DFlashError
 from dflash_core.events import CycleEvent, RunSummary
 from dflash_core.server import create_app
+
+pytestmark = pytest.mark.slow
 
 EOS = 256
 BLOCK = 4
@@ -50,10 +53,22 @@ class ScriptedPair:
         for i, committed in enumerate(self.cycles):
             committed = committed[: max_tokens - len(tokens)]
             tokens += committed
-            yield CycleEvent(cycle=i, staged_token=committed[0], drafted=[0] * (BLOCK - 1), verified=BLOCK - 1,
-                             posterior=[0] * BLOCK, accepted_len=len(committed) - 1, committed=committed,
-                             next_staged=0, kv_trimmed=0, gdn_replayed=0, draft_ms=0, verify_ms=0,
-                             rollback_ms=0, t=0)
+            yield CycleEvent(
+                cycle=i,
+                staged_token=committed[0],
+                drafted=[0] * (BLOCK - 1),
+                verified=BLOCK - 1,
+                posterior=[0] * BLOCK,
+                accepted_len=len(committed) - 1,
+                committed=committed,
+                next_staged=0,
+                kv_trimmed=0,
+                gdn_replayed=0,
+                draft_ms=0,
+                verify_ms=0,
+                rollback_ms=0,
+                t=0,
+            )
             if tokens[-1] == EOS:
                 stop = "eos"
                 break
@@ -62,10 +77,20 @@ class ScriptedPair:
             if should_stop():
                 stop = "cancelled"
                 break
-        yield RunSummary(engine="dflash", prompt_tokens=len(ids), tokens=tokens, prefill_s=0, decode_s=0.01,
-                         stop_reason=stop, peak_memory_mb=0, block_size=BLOCK, cycles=i + 1,
-                         drafted_tokens=(BLOCK - 1) * (i + 1), accepted_tokens=len(tokens) - i - 1,
-                         accepted_per_position=[0] * (BLOCK - 1))
+        yield RunSummary(
+            engine="dflash",
+            prompt_tokens=len(ids),
+            tokens=tokens,
+            prefill_s=0,
+            decode_s=0.01,
+            stop_reason=stop,
+            peak_memory_mb=0,
+            block_size=BLOCK,
+            cycles=i + 1,
+            drafted_tokens=(BLOCK - 1) * (i + 1),
+            accepted_tokens=len(tokens) - i - 1,
+            accepted_per_position=[0] * (BLOCK - 1),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +118,15 @@ def split(data: bytes, at: int) -> list:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("text,stops,expected", [
-    # 'a中' is the stop string and 中 is three bytes: the text ends just before 'a中'
-    ("xya中bc", ["a中"], ("xy", "stop")),
-    # characters split over two cycles come out whole
-    ("é中😀 ok", ["never"], ("é中😀 ok", "length")),
-])
+@pytest.mark.parametrize(
+    "text,stops,expected",
+    [
+        # 'a中' is the stop string and 中 is three bytes: the text ends just before 'a中'
+        ("xya中bc", ["a中"], ("xy", "stop")),
+        # characters split over two cycles come out whole
+        ("é中😀 ok", ["never"], ("é中😀 ok", "length")),
+    ],
+)
 def test_characters_split_across_cycles(scripted, stream, text, stops, expected):
     """Wherever the cycle boundary falls, inside a multi-byte character included."""
     pair, client = scripted

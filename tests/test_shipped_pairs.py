@@ -1,6 +1,7 @@
 """The pairs shipped in assets/models load offline and decode exactly like plain greedy: the
 default chat pair (SmolLM2-135M-Instruct's GGUF, fetched by scripts/install.sh, with the draft this
 project trained for it) and the small GatedDeltaNet pair."""
+
 import json
 import os
 import re
@@ -11,7 +12,10 @@ import mlx.core as mx
 import pytest
 
 from dflash_core.chat_prompts import HELDOUT
-from dflash_core.loading import ASSETS, DEFAULT_PAIR, SHIPPED, load_pair, resolve
+from dflash_core.loading import load_pair, resolve
+from dflash_core.registry import ASSETS, DEFAULT_PAIR, SHIPPED
+
+pytestmark = pytest.mark.slow
 
 MAX_WEIGHTS_MB = 36  # the tracked tree travels to the GPU machine on every run: keep it lean
 REPO = ASSETS.parent.parent
@@ -92,10 +96,16 @@ def test_min_confidence_verifies_fewer_rows_and_stays_lossless():
 def test_shipped_pairs_load_offline(tmp_path):
     """A fresh interpreter with HF_HUB_OFFLINE=1, an empty HF cache and an empty conversion cache
     loads both pairs (the GGUF converts on the way)."""
-    code = ("import dflash_core; from dflash_core.loading import load_pair, SHIPPED\n"
-            "for n in SHIPPED: p = load_pair(n); print(n, p.target.num_layers, p.target.hybrid, p.chat_default)")
-    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "DFLASH_CACHE": str(tmp_path / "cache"),
-           "PATH": "/usr/bin:/bin"}
+    code = (
+        "import dflash_core; from dflash_core.loading import load_pair; from dflash_core.registry import SHIPPED\n"
+        "for n in SHIPPED: p = load_pair(n); print(n, p.target.num_layers, p.target.hybrid, p.chat_default)"
+    )
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "DFLASH_CACHE": str(tmp_path / "cache"),
+        "PATH": "/usr/bin:/bin",
+    }
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "smollm2-135m 30 False True" in out.stdout and "stdlib-hybrid 4 True False" in out.stdout
@@ -105,9 +115,25 @@ def test_default_pair_answers_like_a_chat_model():
     """The README's first command: the default pair knows the capital of France, and DFlash's
     answer is plain greedy's, token for token."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "dflash_core", "generate", "--prompt", "What is the capital of France?",
-                          "--json", "--compare-baseline", "--max-tokens", "32"],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dflash_core",
+            "generate",
+            "--prompt",
+            "What is the capital of France?",
+            "--json",
+            "--compare-baseline",
+            "--max-tokens",
+            "32",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert "Paris" in res["text"] and res["identical"] is True

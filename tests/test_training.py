@@ -1,6 +1,7 @@
 """The trainers: train-target writes a loadable mlx-lm model; train-draft's loss falls and its
 checkpoint loads through the engine's loader and decodes exactly like plain greedy; the
 training forward is the inference forward."""
+
 import inspect
 import json
 import shutil
@@ -9,30 +10,87 @@ from types import SimpleNamespace
 import mlx.core as mx
 import numpy as np
 import pytest
+from code_prompts import PROMPTS
 from mlx.utils import tree_flatten
 
 from dflash_core import train_draft
 from dflash_core.cli import main
 from dflash_core.draft import DraftContext
-from dflash_core.loading import DEFAULT_PAIR, SHIPPED, load_draft, load_pair, resolve
+from dflash_core.loading import load_pair, resolve
+from dflash_core.registry import DEFAULT_PAIR, SHIPPED
 from dflash_core.target import Target
-from dflash_core.train_draft import (Sequences, add_layers, block_logits, greedy, decode_batch, load_frozen_target,
-                                     make_batch, regenerate, tapped_hidden, teacher_logits)
+from dflash_core.train_draft import (
+    Sequences,
+    add_layers,
+    block_logits,
+    decode_batch,
+    greedy,
+    load_frozen_target,
+    make_batch,
+    regenerate,
+    tapped_hidden,
+    teacher_logits,
+)
 
-from conftest import PROMPTS
+pytestmark = pytest.mark.slow
 
-TINY_TARGET = ["--vocab-size", "512", "--hidden", "64", "--layers", "4", "--heads", "4",
-               "--kv-heads", "2", "--intermediate", "128", "--seq-len", "96", "--batch-size", "8",
-               "--steps", "30", "--eval-every", "10", "--log-every", "10", "--no-compile"]
-TINY_DRAFT = ["--num-prompts", "24", "--response-tokens", "48", "--max-prompt-tokens", "48",
-              "--batch-size", "4", "--anchors", "16", "--epochs", "8", "--lr", "3e-3",
-              "--eval-every", "0", "--eval-prompts", "2", "--eval-tokens", "24", "--log-every", "10",
-              "--no-compile"]
+TINY_TARGET = [
+    "--vocab-size",
+    "512",
+    "--hidden",
+    "64",
+    "--layers",
+    "4",
+    "--heads",
+    "4",
+    "--kv-heads",
+    "2",
+    "--intermediate",
+    "128",
+    "--seq-len",
+    "96",
+    "--batch-size",
+    "8",
+    "--steps",
+    "30",
+    "--eval-every",
+    "10",
+    "--log-every",
+    "10",
+    "--no-compile",
+]
+TINY_DRAFT = [
+    "--num-prompts",
+    "24",
+    "--response-tokens",
+    "48",
+    "--max-prompt-tokens",
+    "48",
+    "--batch-size",
+    "4",
+    "--anchors",
+    "16",
+    "--epochs",
+    "8",
+    "--lr",
+    "3e-3",
+    "--eval-every",
+    "0",
+    "--eval-prompts",
+    "2",
+    "--eval-tokens",
+    "24",
+    "--log-every",
+    "10",
+    "--no-compile",
+]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    import collections, json as j, textwrap
+    import collections
+    import json as j
+    import textwrap
 
     root = tmp_path_factory.mktemp("corpus")
     for m in (collections, j.decoder, textwrap):
@@ -46,8 +104,23 @@ def trained(tmp_path_factory, corpus):
     root = tmp_path_factory.mktemp("trained")
     target, draft = root / "target", root / "draft"
     assert main(["train-target", "--out", str(target), "--corpus", str(corpus), *TINY_TARGET]) == 0
-    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(draft),
-                 "--layers", "1", *TINY_DRAFT]) == 0
+    assert (
+        main(
+            [
+                "train-draft",
+                "--target",
+                str(target),
+                "--data",
+                str(corpus),
+                "--out",
+                str(draft),
+                "--layers",
+                "1",
+                *TINY_DRAFT,
+            ]
+        )
+        == 0
+    )
     return target, draft
 
 
@@ -128,8 +201,9 @@ def test_training_forward_equals_engine_forward(random_pairs, family):
     anchors = [7, 21, 33]
     blocks = np.full((len(anchors), B), mask, dtype=np.int32)
     blocks[:, 0] = [ids[a] for a in anchors]
-    many = block_logits(draft, target.head, taps, target.embed(mx.array(blocks)),
-                        mx.array(anchors), mx.array([0] * len(anchors)))
+    many = block_logits(
+        draft, target.head, taps, target.embed(mx.array(blocks)), mx.array(anchors), mx.array([0] * len(anchors))
+    )
     for j, a in enumerate(anchors):
         ctx = DraftContext(draft)
         ctx.extend([h[:, :a] for h in taps])  # the committed positions before the anchor
@@ -142,8 +216,23 @@ def test_train_draft_on_hybrid_target_is_lossless(tmp_path, random_dirs, corpus)
     through the GDN rollback."""
     target, _ = random_dirs["qwen3_5"]
     out = tmp_path / "draft"
-    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
-                 *TINY_DRAFT[:-1], "--epochs", "2"]) == 0
+    assert (
+        main(
+            [
+                "train-draft",
+                "--target",
+                str(target),
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                *TINY_DRAFT[:-1],
+                "--epochs",
+                "2",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "training.json").read_text())
     assert summary["final_loss"] < summary["first_loss"], summary
     pair = load_pair(str(target), str(out))
@@ -194,6 +283,7 @@ def test_regenerate_halves_batches_that_mlx_refuses(random_dirs, monkeypatch):
     assert regenerate(model, tokenizer, prompts, 12, 8, log=logs.append) == want
     assert sizes[:3] == [len(prompts), 4, 2] and set(sizes[3:]) <= {1, 2}
     assert any("batches of 2" in m for m in logs)
+
     def refuse_all(model, chunk, *args):
         raise RuntimeError("refused")
 
@@ -207,23 +297,27 @@ def test_train_draft_bad_input_is_one_error_line(tmp_path, capsys, random_dirs):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:")
     target, _ = random_dirs["qwen3"]
-    assert main(["train-draft", "--target", str(target), "--out", str(tmp_path / "d"),
-                 "--target-layers", "99"]) == 2
+    assert main(["train-draft", "--target", str(target), "--out", str(tmp_path / "d"), "--target-layers", "99"]) == 2
     assert "outside the target" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["train-draft", "--gen-batch", "0"], "--gen-batch: 0 is too small"),
-    (["train-draft", "--anchors", "-4"], "--anchors: -4 is too small"),
-    (["train-draft", "--val-sequences", "-1"], "--val-sequences: -1 is negative"),
-    (["train-draft", "--distill", "1.5"], "--distill: 1.5 is not between 0 and 1"),
-    (["train-draft", "--add-layers", "1"], "give --resume DRAFT too"),
-    (["train-target", "--layers", "0"], "--layers: 0 is too small"),
-    (["train-target", "--hidden", "100", "--heads", "3"], "do not make a qwen3 model"),
-    (["train-target", "--heads", "4", "--kv-heads", "3"], "do not make a qwen3 model"),
-    (["train-target", "--arch", "qwen3_5", "--heads", "5", "--hidden", "80", "--kv-heads", "1"],
-     "do not make a qwen3_5 model"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["train-draft", "--gen-batch", "0"], "--gen-batch: 0 is too small"),
+        (["train-draft", "--anchors", "-4"], "--anchors: -4 is too small"),
+        (["train-draft", "--val-sequences", "-1"], "--val-sequences: -1 is negative"),
+        (["train-draft", "--distill", "1.5"], "--distill: 1.5 is not between 0 and 1"),
+        (["train-draft", "--add-layers", "1"], "give --resume DRAFT too"),
+        (["train-target", "--layers", "0"], "--layers: 0 is too small"),
+        (["train-target", "--hidden", "100", "--heads", "3"], "do not make a qwen3 model"),
+        (["train-target", "--heads", "4", "--kv-heads", "3"], "do not make a qwen3 model"),
+        (
+            ["train-target", "--arch", "qwen3_5", "--heads", "5", "--hidden", "80", "--kv-heads", "1"],
+            "do not make a qwen3_5 model",
+        ),
+    ],
+)
 def test_trainers_bad_sizes_are_one_error_line_before_any_work(argv, says, tmp_path, capsys, random_dirs):
     """Sizes and shares are checked as they are parsed, and a model shape mlx-lm cannot build is
     refused before the tokenizer trains: one error line, exit 2, nothing written."""
@@ -240,11 +334,16 @@ def test_trainer_modules_run_alone_give_the_same_error_line(tmp_path):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "dflash_core.commands.train_target", "--out", str(tmp_path / "t"),
-                        "--seq-len", "-1"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "dflash_core.commands.train_target", "--out", str(tmp_path / "t"), "--seq-len", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: argument --seq-len: -1 is too small: give a whole number >= 1 "
-        "(see `python -m dflash_core.commands.train_target --help`)"]
+        "(see `python -m dflash_core.commands.train_target --help`)"
+    ]
 
 
 def test_data_only_writes_the_regenerated_data_for_later_runs(tmp_path, capsys, random_dirs, corpus):
@@ -253,15 +352,48 @@ def test_data_only_writes_the_regenerated_data_for_later_runs(tmp_path, capsys, 
     out, cache = tmp_path / "draft", tmp_path / "data.json"
     assert main(["train-draft", "--target", str(target), "--out", str(out), "--data-only"]) == 2
     assert "--data-cache" in capsys.readouterr().err
-    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
-                 "--data-only", "--data-cache", str(cache), *TINY_DRAFT]) == 0
+    assert (
+        main(
+            [
+                "train-draft",
+                "--target",
+                str(target),
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--data-only",
+                "--data-cache",
+                str(cache),
+                *TINY_DRAFT,
+            ]
+        )
+        == 0
+    )
     saved = json.loads(cache.read_text())
     assert not out.exists() and not cache.with_suffix(".partial").exists()
     assert len(saved["prompts"]) == len(saved["responses"]) > 0
     assert all(0 < len(r) <= 48 + 1 for r in saved["responses"])  # response tokens (+ EOS)
     capsys.readouterr()
-    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
-                 "--data-cache", str(cache), *TINY_DRAFT[:-1], "--epochs", "1"]) == 0
+    assert (
+        main(
+            [
+                "train-draft",
+                "--target",
+                str(target),
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--data-cache",
+                str(cache),
+                *TINY_DRAFT[:-1],
+                "--epochs",
+                "1",
+            ]
+        )
+        == 0
+    )
     distinct = len({tuple(p) for p in saved["prompts"]})  # a prompt drawn twice trains once
     assert f"{distinct} regenerated sequences from {cache}" in capsys.readouterr().out
     assert (out / "model.safetensors").is_file()
@@ -272,26 +404,83 @@ def test_several_data_files_are_merged_without_repeated_prompts(tmp_path, capsys
     set; a prompt both pieces drew counts once; a missing piece is one error line."""
     target, _ = random_dirs["qwen3"]
     a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "draft"
-    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
-                 "--data-only", "--data-cache", str(a), *TINY_DRAFT]) == 0
+    assert (
+        main(
+            [
+                "train-draft",
+                "--target",
+                str(target),
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--data-only",
+                "--data-cache",
+                str(a),
+                *TINY_DRAFT,
+            ]
+        )
+        == 0
+    )
     first = json.loads(a.read_text())
     distinct = len({tuple(p) for p in first["prompts"]})
     extra = [7, 8, 9]
     assert extra not in first["prompts"]
-    b.write_text(json.dumps({"target": first["target"], "prompts": first["prompts"][:3] + [extra],
-                             "responses": first["responses"][:3] + [[10, 11, 12]]}))
+    b.write_text(
+        json.dumps(
+            {
+                "target": first["target"],
+                "prompts": first["prompts"][:3] + [extra],
+                "responses": first["responses"][:3] + [[10, 11, 12]],
+            }
+        )
+    )
     capsys.readouterr()
-    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
-                 "--data-cache", str(a), str(b), *TINY_DRAFT[:-1], "--epochs", "1"]) == 0
+    assert (
+        main(
+            [
+                "train-draft",
+                "--target",
+                str(target),
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--data-cache",
+                str(a),
+                str(b),
+                *TINY_DRAFT[:-1],
+                "--epochs",
+                "1",
+            ]
+        )
+        == 0
+    )
     log = capsys.readouterr().out
     assert f"{distinct + 1} regenerated sequences from 2 files" in log  # + the new one only
     assert f"data: {distinct + 1} sequences" in log  # what the trainer then trains on
-    assert main(["train-draft", "--target", str(target), "--out", str(out), "--data-cache", str(a),
-                 str(tmp_path / "missing.json"), *TINY_DRAFT]) == 2
+    assert (
+        main(
+            [
+                "train-draft",
+                "--target",
+                str(target),
+                "--out",
+                str(out),
+                "--data-cache",
+                str(a),
+                str(tmp_path / "missing.json"),
+                *TINY_DRAFT,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.json does not exist" in err[0]
-    assert main(["train-draft", "--target", str(target), "--out", str(out), "--data-only",
-                 "--data-cache", str(a), str(b)]) == 2
+    assert (
+        main(["train-draft", "--target", str(target), "--out", str(out), "--data-only", "--data-cache", str(a), str(b)])
+        == 2
+    )
     assert "one file" in capsys.readouterr().err
 
 
@@ -332,8 +521,23 @@ def test_train_target_renamed_copies_and_keep_last(tmp_path, corpus, trained):
     """--renamed-copies adds training data but not tokenizer input; --keep last keeps the final
     weights even when an earlier step had a lower held-out loss."""
     out = tmp_path / "t"
-    assert main(["train-target", "--out", str(out), "--corpus", str(corpus), *TINY_TARGET,
-                 "--renamed-copies", "1", "--keep", "last"]) == 0
+    assert (
+        main(
+            [
+                "train-target",
+                "--out",
+                str(out),
+                "--corpus",
+                str(corpus),
+                *TINY_TARGET,
+                "--renamed-copies",
+                "1",
+                "--keep",
+                "last",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "training.json").read_text())
     assert summary["keep"] == "last" and summary["kept_step"] == summary["steps"] == 30
     assert summary["lowest_heldout_loss"]["loss"] <= summary["heldout_loss"]
@@ -362,8 +566,27 @@ def test_added_layers_start_as_the_identity_then_train(tmp_path, corpus, trained
     assert mx.allclose(pair.draft(block, ctx.kv, ctx.length), grown(block, grown_ctx.kv, grown_ctx.length), atol=1e-5)
 
     out = tmp_path / "grown"
-    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
-                 "--resume", str(draft_dir), "--add-layers", "1", *TINY_DRAFT[:-1], "--epochs", "2"]) == 0
+    assert (
+        main(
+            [
+                "train-draft",
+                "--target",
+                str(target),
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--resume",
+                str(draft_dir),
+                "--add-layers",
+                "1",
+                *TINY_DRAFT[:-1],
+                "--epochs",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == len(pair.draft.layers) + 1
     grown_pair = load_pair(str(target), str(out))
     ids = grown_pair.encode("class Stack:\n    def push(self, item):")
@@ -399,8 +622,29 @@ def test_distill_trains_with_the_last_layer_recorded_besides_the_taps(tmp_path, 
     first = {}
     for share in ("0", "0.5"):
         out = tmp_path / f"kd{share}"
-        assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out), "--layers", "1",
-                     "--target-layers", "0", "2", "--distill", share, "--cache-taps", *TINY_DRAFT[:-1]]) == 0
+        assert (
+            main(
+                [
+                    "train-draft",
+                    "--target",
+                    str(target),
+                    "--data",
+                    str(corpus),
+                    "--out",
+                    str(out),
+                    "--layers",
+                    "1",
+                    "--target-layers",
+                    "0",
+                    "2",
+                    "--distill",
+                    share,
+                    "--cache-taps",
+                    *TINY_DRAFT[:-1],
+                ]
+            )
+            == 0
+        )
         s = json.loads((out / "training.json").read_text())
         assert s["distill"] == float(share) and s["final_loss"] < 0.8 * s["first_loss"], s
         first[share] = s["first_loss"]
@@ -420,9 +664,31 @@ def test_cache_taps_trains_the_same_draft(tmp_path, corpus, trained):
     losses = []
     for flag in ([], ["--cache-taps"]):
         out = tmp_path / f"d{len(flag)}"
-        assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
-                     "--layers", "1", "--target-layers", "0", "2", "--data-cache", str(tmp_path / "data.json"),
-                     *TINY_DRAFT[:-1], "--epochs", "2", *flag]) == 0
+        assert (
+            main(
+                [
+                    "train-draft",
+                    "--target",
+                    str(target),
+                    "--data",
+                    str(corpus),
+                    "--out",
+                    str(out),
+                    "--layers",
+                    "1",
+                    "--target-layers",
+                    "0",
+                    "2",
+                    "--data-cache",
+                    str(tmp_path / "data.json"),
+                    *TINY_DRAFT[:-1],
+                    "--epochs",
+                    "2",
+                    *flag,
+                ]
+            )
+            == 0
+        )
         s = json.loads((out / "training.json").read_text())
         losses.append((s["first_loss"], s["final_loss"]))
     assert losses[0] == pytest.approx(losses[1], rel=1e-3), losses
@@ -436,9 +702,27 @@ def test_bfloat16_compute_trains_float32_masters(tmp_path, corpus, trained):
     runs = {}
     for dtype in ("float32", "bfloat16"):
         out = tmp_path / dtype
-        assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
-                     "--layers", "1", "--data-cache", str(tmp_path / "data" / "cache.json"),
-                     *TINY_DRAFT, "--compute-dtype", dtype]) == 0
+        assert (
+            main(
+                [
+                    "train-draft",
+                    "--target",
+                    str(target),
+                    "--data",
+                    str(corpus),
+                    "--out",
+                    str(out),
+                    "--layers",
+                    "1",
+                    "--data-cache",
+                    str(tmp_path / "data" / "cache.json"),
+                    *TINY_DRAFT,
+                    "--compute-dtype",
+                    dtype,
+                ]
+            )
+            == 0
+        )
         runs[dtype] = json.loads((out / "training.json").read_text())
     f32, bf16 = runs["float32"], runs["bfloat16"]
     assert bf16["first_loss"] == pytest.approx(f32["first_loss"], rel=2e-2)
@@ -453,8 +737,10 @@ def test_train_target_bfloat16_compute_matches_float32(tmp_path, corpus, trained
     """train-target --compute-dtype bfloat16 (16-bit forward/backward, float32 masters) follows
     the float32 run of the same seed to within bfloat16 rounding."""
     out = tmp_path / "t"
-    assert main(["train-target", "--out", str(out), "--corpus", str(corpus), *TINY_TARGET,
-                 "--compute-dtype", "bfloat16"]) == 0
+    assert (
+        main(["train-target", "--out", str(out), "--corpus", str(corpus), *TINY_TARGET, "--compute-dtype", "bfloat16"])
+        == 0
+    )
     bf16 = json.loads((out / "training.json").read_text())
     f32 = json.loads((trained[0] / "training.json").read_text())
     assert bf16["final_train_loss"] == pytest.approx(f32["final_train_loss"], rel=0.05)
@@ -467,9 +753,29 @@ def test_val_sequences_are_held_out_and_their_loss_is_reported(tmp_path, corpus,
     the draft's loss on them, and it falls as the draft learns."""
     target, _ = trained
     out, cache = tmp_path / "draft", tmp_path / "data.json"
-    assert main(["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out),
-                 "--layers", "1", "--data-cache", str(cache), "--val-sequences", "6",
-                 *TINY_DRAFT[:-1], "--eval-every", "10"]) == 0
+    assert (
+        main(
+            [
+                "train-draft",
+                "--target",
+                str(target),
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--layers",
+                "1",
+                "--data-cache",
+                str(cache),
+                "--val-sequences",
+                "6",
+                *TINY_DRAFT[:-1],
+                "--eval-every",
+                "10",
+            ]
+        )
+        == 0
+    )
     s = json.loads((out / "training.json").read_text())
     n = len(json.loads(cache.read_text())["prompts"])
     assert s["val_sequences"] == 6 and s["sequences"] == n - 6
@@ -505,6 +811,7 @@ def test_running_out_of_memory_is_one_error_line(tmp_path, capsys, random_dirs, 
     def fail(message):
         def train(args, log):
             raise RuntimeError(message)
+
         return train
 
     monkeypatch.setattr(train_draft, "train", fail("cudaMallocAsync(&data, size, stream) failed: out of memory"))

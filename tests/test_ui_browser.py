@@ -1,15 +1,25 @@
 """The playground in a real headless Chromium (Debian's chromium, driven by Playwright)."""
+
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
+from ui_pair import MAX_TOKENS, PROMPT
 
-from ui_pair import MAX_TOKENS, PROMPT, served  # noqa: F401  (fixture)
+pytestmark = pytest.mark.slow
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,4 +76,7 @@ def test_query_parameters_prefill_the_form(served, page):
     expect(page.locator("#min-confidence input[type=number]")).to_have_value("0.35")
     page.locator("#copy-link").click()
     expect(page.locator("#permalink textarea, #permalink input")).to_have_value(
-        f"{served[0]}?prompt={quote(text, safe='')}&max_tokens=17&block_size=5&chat=0&min_confidence=0.35".replace("%20", "+"))
+        f"{served[0]}?prompt={quote(text, safe='')}&max_tokens=17&block_size=5&chat=0&min_confidence=0.35".replace(
+            "%20", "+"
+        )
+    )

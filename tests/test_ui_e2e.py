@@ -1,4 +1,5 @@
 """The launched playground through gradio_client: a real run, bad input, Stop."""
+
 import json
 import re
 import threading
@@ -8,20 +9,55 @@ from html import unescape
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
+from ui_pair import MAX_TOKENS, PROMPT
 
 from dflash_core.events import CycleEvent, Divergence, RunSummary, TokenEvent
 from dflash_core.worker import default_worker
-from ui_pair import MAX_TOKENS, PROMPT, served  # noqa: F401  (fixture)
 from ui.runner import Comparison, compare
 
-OUTPUTS = ["status", "b_stats", "b_out", "d_stats", "d_out", "speedup", "lossless", "race",
-           "plot0", "plot1", "plot2", "plot3", "plot4", "slider", "inspector", "export", "state"]
+pytestmark = pytest.mark.slow
+
+OUTPUTS = [
+    "status",
+    "b_stats",
+    "b_out",
+    "d_stats",
+    "d_out",
+    "speedup",
+    "lossless",
+    "race",
+    "plot0",
+    "plot1",
+    "plot2",
+    "plot3",
+    "plot4",
+    "slider",
+    "inspector",
+    "export",
+    "state",
+]
 
 
-def run(client, key, prompt=PROMPT, max_tokens=MAX_TOKENS, block_size=16, chat=False, min_confidence=0.0,
-        temperature=0.0, top_p=1.0, seed=0):
-    return dict(zip(OUTPUTS, client.predict(prompt, key, max_tokens, block_size, chat, min_confidence,
-                                            temperature, top_p, seed, api_name="/run")))
+def run(
+    client,
+    key,
+    prompt=PROMPT,
+    max_tokens=MAX_TOKENS,
+    block_size=16,
+    chat=False,
+    min_confidence=0.0,
+    temperature=0.0,
+    top_p=1.0,
+    seed=0,
+):
+    return dict(
+        zip(
+            OUTPUTS,
+            client.predict(
+                prompt, key, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, api_name="/run"
+            ),
+        )
+    )
 
 
 def exported(out) -> dict:
@@ -51,8 +87,11 @@ def test_run_shows_both_engines_and_identical_output(served, client):
     assert [t for e in dflash["events"] for t in e["committed"]] == dflash["summary"]["tokens"]
     assert sum(e["accepted_len"] for e in dflash["events"]) == dflash["summary"]["accepted_tokens"] > 0
     # the baseline pane and the DFlash pane's committed tokens show the same text
-    committed = re.findall(r'<span class="tok tok-(?:target|accepted)[^"]*" title="[^"]*">(.*?)</span>(?=<span class="(?:tok|cycle)|</span>)',
-                           out["d_out"], flags=re.DOTALL)
+    committed = re.findall(
+        r'<span class="tok tok-(?:target|accepted)[^"]*" title="[^"]*">(.*?)</span>(?=<span class="(?:tok|cycle)|</span>)',
+        out["d_out"],
+        flags=re.DOTALL,
+    )
     assert visible_text("".join(committed)) == visible_text(out["b_out"])
     assert "decode speedup" in out["speedup"] and "Cycle" in out["inspector"]
     assert out["slider"]["maximum"] == len(dflash["events"]) - 1
@@ -121,6 +160,7 @@ def test_bad_input_is_a_panel_and_the_app_keeps_serving(served, client):
 
 def test_a_pair_that_fails_to_load_is_a_panel(tmp_path):
     from ui_pair import free_port
+
     from ui import build_app
 
     (tmp_path / "target").mkdir()
@@ -128,7 +168,9 @@ def test_a_pair_that_fails_to_load_is_a_panel(tmp_path):
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **kwargs)
     try:
-        out = run(Client(f"http://127.0.0.1:{port}/", verbose=False), f"{tmp_path / 'target'} + {tmp_path / 'missing-draft'}")
+        out = run(
+            Client(f"http://127.0.0.1:{port}/", verbose=False), f"{tmp_path / 'target'} + {tmp_path / 'missing-draft'}"
+        )
         assert "error-panel" in out["status"] and "missing-draft&#x27; does not exist" in out["status"]
         assert "Traceback" not in out["status"]
     finally:
@@ -156,8 +198,12 @@ class ScriptedPair:
 
     def dflash(self, ids, max_tokens, block_size, should_stop, min_confidence=None, sampling=None):
         self._note("dflash start")
-        yield CycleEvent(0, self.ours[0], self.ours[1:3], 2, self.ours[1:3] + [7], 2, self.ours[:3], 7, 0, 0, 1.0, 2.0, 0.1, 0.01)
-        yield CycleEvent(1, self.ours[3], [9], 1, [self.ours[4], 1], 0, self.ours[3:4], self.ours[4], 1, 0, 1.0, 2.0, 0.1, 0.02)
+        yield CycleEvent(
+            0, self.ours[0], self.ours[1:3], 2, self.ours[1:3] + [7], 2, self.ours[:3], 7, 0, 0, 1.0, 2.0, 0.1, 0.01
+        )
+        yield CycleEvent(
+            1, self.ours[3], [9], 1, [self.ours[4], 1], 0, self.ours[3:4], self.ours[4], 1, 0, 1.0, 2.0, 0.1, 0.02
+        )
         self._note("dflash end")
         yield RunSummary("dflash", len(ids), self.ours[:4], 0.01, 0.02, "max_tokens", 1.0, block_size=3, cycles=2)
 
@@ -220,7 +266,9 @@ def test_picker_offers_hub_pairs_only_when_downloads_are_allowed(tmp_path):
     hub = [key for _, key in opened.choices() if opened.kind(key) == "hub"]
     # every non-gated registry target, the 4-bit conversions first
     assert set(hub) == {p.target for p in known_pairs() if p.kind != "shipped" and not p.gated}
-    assert all(key.startswith("mlx-community/") for key in hub[:len(DRAFTS)])
-    assert (opened.entries["mlx-community/Qwen3-4B-4bit"].target, opened.entries["mlx-community/Qwen3-4B-4bit"].draft) \
-        == ("mlx-community/Qwen3-4B-4bit", DRAFTS["Qwen3-4B"])
+    assert all(key.startswith("mlx-community/") for key in hub[: len(DRAFTS)])
+    assert (
+        opened.entries["mlx-community/Qwen3-4B-4bit"].target,
+        opened.entries["mlx-community/Qwen3-4B-4bit"].draft,
+    ) == ("mlx-community/Qwen3-4B-4bit", DRAFTS["Qwen3-4B"])
     assert "meta-llama/Llama-3.1-8B-Instruct" not in hub  # gated: a visitor could not download it

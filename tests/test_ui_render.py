@@ -1,4 +1,5 @@
 """The playground's HTML and charts from synthetic engine events (no models, no server)."""
+
 import json
 from html.parser import HTMLParser
 
@@ -6,8 +7,19 @@ from dflash_core.events import CycleEvent, CycleTally, Divergence, RunSummary, T
 from ui import charts, render
 
 # token id -> text for the synthetic events
-TEXT = {1: "def", 2: " f", 3: "(x", 4: "):", 5: "\n", 6: "    ", 7: "<script>alert('x')</script>",
-        8: 'say "hi"', 9: " return", 10: "\t", 11: "&amp;"}
+TEXT = {
+    1: "def",
+    2: " f",
+    3: "(x",
+    4: "):",
+    5: "\n",
+    6: "    ",
+    7: "<script>alert('x')</script>",
+    8: 'say "hi"',
+    9: " return",
+    10: "\t",
+    11: "&amp;",
+}
 
 
 def text(tok):
@@ -22,9 +34,20 @@ def cycle(i, staged, drafted, posterior, committed=None, t=0.1):
     while a < verified and drafted[a] == posterior[a]:
         a += 1
     return CycleEvent(
-        cycle=i, staged_token=staged, drafted=drafted, verified=verified, posterior=posterior, accepted_len=a,
-        committed=committed if committed is not None else [staged] + drafted[:a], next_staged=posterior[a],
-        kv_trimmed=verified - a, gdn_replayed=0, draft_ms=2.0, verify_ms=5.0, rollback_ms=0.5, t=t,
+        cycle=i,
+        staged_token=staged,
+        drafted=drafted,
+        verified=verified,
+        posterior=posterior,
+        accepted_len=a,
+        committed=committed if committed is not None else [staged] + drafted[:a],
+        next_staged=posterior[a],
+        kv_trimmed=verified - a,
+        gdn_replayed=0,
+        draft_ms=2.0,
+        verify_ms=5.0,
+        rollback_ms=0.5,
+        t=t,
     )
 
 
@@ -59,7 +82,9 @@ class Spans(HTMLParser):
 
 
 def kinds(markup):
-    return [next(c for c in classes if c.startswith("tok-") and c != "tok-blank") for classes, _, _ in Spans(markup).spans]
+    return [
+        next(c for c in classes if c.startswith("tok-") and c != "tok-blank") for classes, _, _ in Spans(markup).spans
+    ]
 
 
 def pieces_of(cycles):
@@ -72,9 +97,21 @@ def test_classes_follow_acceptance():
     c2 = cycle(2, 4, [5, 6, 9, 1], [5, 6, 9, 1, 2])  # accepts all: a bonus follows
     markup = render.dflash_tokens_html([c0, c1, c2], pieces_of([c0, c1, c2]), text)
     assert kinds(markup) == [
-        "tok-target", "tok-accepted", "tok-accepted", "tok-rejected", "tok-rejected",
-        "tok-target", "tok-rejected", "tok-rejected", "tok-rejected", "tok-rejected",
-        "tok-target", "tok-accepted", "tok-accepted", "tok-accepted", "tok-accepted",
+        "tok-target",
+        "tok-accepted",
+        "tok-accepted",
+        "tok-rejected",
+        "tok-rejected",
+        "tok-target",
+        "tok-rejected",
+        "tok-rejected",
+        "tok-rejected",
+        "tok-rejected",
+        "tok-target",
+        "tok-accepted",
+        "tok-accepted",
+        "tok-accepted",
+        "tok-accepted",
     ]
     assert markup.count('class="cycle"') == 2 and markup.count("cycle-bonus") == 1
 
@@ -169,7 +206,12 @@ def test_unverified_proposals_are_shown_apart_from_rejected_ones():
     part = cycle(0, 1, [2, 3, 4, 5], [2, 9, 6])  # 2 of 4 verified: accepts 1, rejects at 2
     spans = Spans(render.dflash_tokens_html([part], pieces_of([part]), text)).spans
     assert kinds(render.dflash_tokens_html([part], pieces_of([part]), text)) == [
-        "tok-target", "tok-accepted", "tok-rejected", "tok-unverified", "tok-unverified"]
+        "tok-target",
+        "tok-accepted",
+        "tok-rejected",
+        "tok-unverified",
+        "tok-unverified",
+    ]
     assert "accepted 1/2 · 2 unsure proposals not verified" in spans[2][1]
     assert "not verified" in spans[3][1] and "target wanted" not in spans[3][1]
     bonus = cycle(1, 1, [2, 3, 4, 5], [2, 3, 7])  # both verified ones accepted: a bonus
@@ -212,14 +254,29 @@ def test_race_timeline_roundtrips():
 
 
 def test_charts_from_events():
-    cycles = [cycle(0, 1, [2, 3, 4], [2, 3, 9, 5], t=0.1), cycle(1, 9, [3, 4, 5], [1, 1, 1, 1], t=0.2),
-              cycle(2, 1, [2, 3, 4], [2, 3, 4, 5], t=0.3)]
+    cycles = [
+        cycle(0, 1, [2, 3, 4], [2, 3, 9, 5], t=0.1),
+        cycle(1, 9, [3, 4, 5], [1, 1, 1, 1], t=0.2),
+        cycle(2, 1, [2, 3, 4], [2, 3, 4, 5], t=0.3),
+    ]
     fig = charts.accepted_length_chart(cycles)
     assert list(fig.data[0].y) == [2, 0, 3]
     fig = charts.acceptance_by_position_chart(CycleTally.of(cycles))
     assert [round(v, 3) for v in fig.data[0].y] == [0.667, 0.667, 0.333]
-    summary = RunSummary("dflash", 3, [1] * 8, 0.05, 0.3, "max_tokens", 1.0, block_size=4, cycles=3,
-                         drafted_tokens=9, accepted_tokens=5, accepted_per_position=[2, 2, 1])
+    summary = RunSummary(
+        "dflash",
+        3,
+        [1] * 8,
+        0.05,
+        0.3,
+        "max_tokens",
+        1.0,
+        block_size=4,
+        cycles=3,
+        drafted_tokens=9,
+        accepted_tokens=5,
+        accepted_per_position=[2, 2, 1],
+    )
     assert list(charts.acceptance_by_position_chart(summary.tally).data[0].y) == list(summary.acceptance_by_position)
     base = [TokenEvent(i, 1, 0.05 * i) for i in range(8)]
     fig = charts.tokens_vs_time_chart(base, cycles, 0.5, 1.0)

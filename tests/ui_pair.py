@@ -7,16 +7,18 @@ therefore pinned: its layers are zeroed and its final norm aimed so that every p
 token the random target falls into repeating on the test prompt. The engine and the target still
 verify every proposal, so acceptances, rejections and the lossless verdict are all real.
 """
+
 import socket
 from collections import Counter
 from pathlib import Path
 
-import dflash_core  # noqa: F401  (system BLAS before MLX)
 import mlx.core as mx
 import pytest
 
-from dflash_core.loading import DEFAULT_PAIR, SHIPPED, load_pair
+import dflash_core  # noqa: F401  (system BLAS before MLX)
+from dflash_core.loading import load_pair
 from dflash_core.random_models import write_draft, write_target
+from dflash_core.registry import DEFAULT_PAIR, SHIPPED
 from dflash_core.worker import default_worker
 
 PROMPT = "def binary_search(items, target):\n"

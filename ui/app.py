@@ -1,5 +1,6 @@
 """The playground page: Gradio Blocks over the engine's events (ui/runner.py collects them,
 ui/render.py and ui/charts.py draw them). No engine logic here."""
+
 import json
 import tempfile
 import threading
@@ -15,9 +16,9 @@ from dflash_core.backend import default_min_confidence
 from dflash_core.benchmark import recorded_figure
 from dflash_core.errors import DFlashError
 from dflash_core.events import CycleTally
-from dflash_core.sampling import Sampling
-from dflash_core.loading import ASSETS as SHIPPED_DIR
 from dflash_core.memory import device_memory, gb
+from dflash_core.registry import ASSETS as SHIPPED_DIR
+from dflash_core.sampling import Sampling
 from dflash_core.worker import default_worker
 
 from . import assets, charts, render
@@ -101,10 +102,15 @@ class Playground:
         """What a pair not yet in the cache will download and take in memory, before anything
         large is fetched (the hub's file listing; its configs are already read and checked)."""
         parts, estimate, warning = plan.notice(draft_quant)
-        need = (f" Loaded, it takes about {gb(estimate)} of this device's {gb(device_memory()['working_set'])} "
-                "working set." if estimate else "")
-        info = render.info_html(f"{plan.name} is not downloaded yet ({'; '.join(parts)}); it goes into the "
-                                f"Hugging Face cache.{need} Press Download to go on.")
+        need = (
+            f" Loaded, it takes about {gb(estimate)} of this device's {gb(device_memory()['working_set'])} working set."
+            if estimate
+            else ""
+        )
+        info = render.info_html(
+            f"{plan.name} is not downloaded yet ({'; '.join(parts)}); it goes into the "
+            f"Hugging Face cache.{need} Press Download to go on."
+        )
         return info + (render.warning_html(warning) if warning else "")
 
     def select_model(self, key, block_size, max_tokens, draft_quant=FULL_PRECISION, progress=gr.Progress()):
@@ -137,8 +143,7 @@ class Playground:
             gr.Checkbox(visible=pair.thinking_switch, value=False),
         )
 
-    def download(self, key, block_size, max_tokens, draft_quant=FULL_PRECISION,
-                 progress=gr.Progress(track_tqdm=True)):
+    def download(self, key, block_size, max_tokens, draft_quant=FULL_PRECISION, progress=gr.Progress(track_tqdm=True)):
         """Download the picked pair (the draft first), the hub's progress bars on the page, then load it."""
         try:
             plan = self.catalogue.pending_download(key)
@@ -155,8 +160,11 @@ class Playground:
         q = dict(request.query_params) if request else {}
         try:
             loaded = self.catalogue.loaded(key) if key else None  # at the precision it was loaded at
-            info = (self.pair_info(key, loaded.draft_quant if loaded else None) if key
-                    else render.error_html("no model pairs are available on this host"))
+            info = (
+                self.pair_info(key, loaded.draft_quant if loaded else None)
+                if key
+                else render.error_html("no model pairs are available on this host")
+            )
             B, cap = self.limits(key) if key else (16, self.max_tokens_cap)
         except DFlashError as e:
             info, (B, cap) = render.error_html(str(e)), (16, self.max_tokens_cap)
@@ -198,8 +206,21 @@ class Playground:
         if event is not None:
             event.set()
 
-    def run(self, prompt, key, max_tokens, block_size, chat, min_confidence, temperature=0.0, top_p=1.0, seed=0,
-            thinking=False, draft_quant=FULL_PRECISION, request: gr.Request = None):
+    def run(
+        self,
+        prompt,
+        key,
+        max_tokens,
+        block_size,
+        chat,
+        min_confidence,
+        temperature=0.0,
+        top_p=1.0,
+        seed=0,
+        thinking=False,
+        draft_quant=FULL_PRECISION,
+        request: gr.Request = None,
+    ):
         """Baseline, then DFlash, then the lossless check, streamed to the page. Temperature 0 is
         greedy; above it, plain sampling against speculative sampling with the same seed. Thinking
         turns on the chat template's thinking mode where it has one; draft_quant is the draft's
@@ -215,23 +236,33 @@ class Playground:
                 yield {ui["status"]: render.info_html(f"loading {key} …")}
             pair = self.catalogue.get(key, bits)
             thinking = bool(thinking) and bool(chat) and pair.thinking_switch
-            ids = self.worker.call(pair.encode, prompt or "", bool(chat),
-                                   template_args={"enable_thinking": True} if thinking else None)
+            ids = self.worker.call(
+                pair.encode, prompt or "", bool(chat), template_args={"enable_thinking": True} if thinking else None
+            )
         except DFlashError as e:
             yield {ui["status"]: render.error_html(str(e))}
             return
         user_stop = threading.Event()
         session = request.session_hash if request else "local"
         self.stops[session] = user_stop
-        run = Comparison(pair.name, prompt, ids, max_tokens, block_size, bool(chat), hybrid=pair.target.hybrid,
-                         min_confidence=float(min_confidence),
-                         sampling=Sampling(float(temperature), float(top_p), int(seed)) if float(temperature or 0) > 0 else None,
-                         thinking=thinking, draft_quant=bits)
+        run = Comparison(
+            pair.name,
+            prompt,
+            ids,
+            max_tokens,
+            block_size,
+            bool(chat),
+            hybrid=pair.target.hybrid,
+            min_confidence=float(min_confidence),
+            sampling=Sampling(float(temperature), float(top_p), int(seed)) if float(temperature or 0) > 0 else None,
+            thinking=thinking,
+            draft_quant=bits,
+        )
         view = RunView(pair)
         yield {**view.reset(ui), ui["status"]: render.info_html(f"prompt: {len(ids)} tokens · running the baseline …")}
         last_frame, shown = 0.0, {}
         try:
-            for run in compare(self.worker, pair, run, user_stop):
+            for _ in compare(self.worker, pair, run, user_stop):  # fills `run` event by event
                 now = time.perf_counter()
                 stage_changed = view.stage != run.stage
                 if not stage_changed and run.stage in ("baseline", "dflash") and now - last_frame < FRAME_S:
@@ -247,7 +278,11 @@ class Playground:
             return
         except Exception as e:  # a bug or a device error: say so on the page, keep serving
             traceback.print_exc()
-            yield {ui["status"]: render.error_html(f"internal error ({type(e).__name__}: {e}); the details are in the server log")}
+            yield {
+                ui["status"]: render.error_html(
+                    f"internal error ({type(e).__name__}: {e}); the details are in the server log"
+                )
+            }
             return
         finally:
             self.stops.pop(session, None)
@@ -271,6 +306,7 @@ class Playground:
 
 def single_token_text(tokenizer):
     """Decodes one token on its own (draft proposals, inspector cells); cached per run."""
+
     @lru_cache(maxsize=8192)
     def text(tok: int) -> str:
         return tokenizer.decode([tok])
@@ -316,9 +352,9 @@ class RunView:
 
     def _sync(self, run: Comparison):
         """Bring the decoded pieces up to date with the events."""
-        new_b = [e.token for e in run.baseline[len(self.b_text):]]
+        new_b = [e.token for e in run.baseline[len(self.b_text) :]]
         self.b_text += self.baseline_pieces.add(new_b)
-        new_d = run.dflash_tokens()[len(self.d_pieces):]
+        new_d = run.dflash_tokens()[len(self.d_pieces) :]
         self.d_pieces += self.dflash_pieces.add(new_d)
 
     def frame(self, ui, run: Comparison) -> dict:
@@ -327,24 +363,49 @@ class RunView:
         now = time.perf_counter()
         b, d = run.baseline_summary, run.dflash_summary
         if b is not None:
-            b_stats = render.stats_html(b.generated, b.prefill_s + b.decode_s, b.decode_tps, status=b.stop_reason.replace("_", " "))
+            b_stats = render.stats_html(
+                b.generated, b.prefill_s + b.decode_s, b.decode_tps, status=b.stop_reason.replace("_", " ")
+            )
         elif run.baseline:
             last = run.baseline[-1]
-            b_stats = render.stats_html(len(run.baseline), now - run.stage_started,
-                                        (len(run.baseline) - 1) / last.t if last.t else 0.0, status="running")
+            b_stats = render.stats_html(
+                len(run.baseline),
+                now - run.stage_started,
+                (len(run.baseline) - 1) / last.t if last.t else 0.0,
+                status="running",
+            )
         else:
-            b_stats = render.stats_html(0, now - run.stage_started if run.stage == "baseline" else 0.0, 0.0,
-                                        status="prefill" if run.stage == "baseline" else "waiting")
+            b_stats = render.stats_html(
+                0,
+                now - run.stage_started if run.stage == "baseline" else 0.0,
+                0.0,
+                status="prefill" if run.stage == "baseline" else "waiting",
+            )
         if d is not None:
-            d_stats = render.stats_html(d.generated, d.prefill_s + d.decode_s, d.decode_tps, render.dflash_extra(d.tally),
-                                        status=d.stop_reason.replace("_", " "))
+            d_stats = render.stats_html(
+                d.generated,
+                d.prefill_s + d.decode_s,
+                d.decode_tps,
+                render.dflash_extra(d.tally),
+                status=d.stop_reason.replace("_", " "),
+            )
         elif run.cycles:
             n, last = len(self.d_pieces), run.cycles[-1]
-            d_stats = render.stats_html(n, now - run.stage_started, (n - 1) / last.t if last.t else 0.0,
-                                        render.dflash_extra(CycleTally.of(run.cycles)), status="running")
+            d_stats = render.stats_html(
+                n,
+                now - run.stage_started,
+                (n - 1) / last.t if last.t else 0.0,
+                render.dflash_extra(CycleTally.of(run.cycles)),
+                status="running",
+            )
         else:
-            d_stats = render.stats_html(0, now - run.stage_started if run.stage == "dflash" else 0.0, 0.0,
-                                        render.dflash_extra(), status="prefill" if run.stage == "dflash" else "waiting")
+            d_stats = render.stats_html(
+                0,
+                now - run.stage_started if run.stage == "dflash" else 0.0,
+                0.0,
+                render.dflash_extra(),
+                status="prefill" if run.stage == "dflash" else "waiting",
+            )
         status = {
             "baseline": "running the baseline (plain greedy decoding) alone …",
             "dflash": "running DFlash alone on the same device …",
@@ -357,7 +418,8 @@ class RunView:
             ui["b_out"]: render.plain_text_html("".join(self.b_text), running=run.stage == "baseline"),
             ui["d_stats"]: d_stats,
             # plain text while DFlash is timed; colored by cycle once it has finished
-            ui["d_out"]: render.plain_text_html("".join(self.d_pieces), running=True) if run.stage == "dflash"
+            ui["d_out"]: render.plain_text_html("".join(self.d_pieces), running=True)
+            if run.stage == "dflash"
             else render.dflash_tokens_html(run.cycles, self.d_pieces, self.token_text, MAX_REJECTED_SHOWN),
         }
 
@@ -367,17 +429,26 @@ class RunView:
 
     def finish(self, ui, run: Comparison, export_path: Path) -> dict:
         b, d = run.baseline_summary, run.dflash_summary
-        out = {ui["export"]: gr.DownloadButton(value=str(export_path), interactive=True), ui["state"]: Shown(run, self.token_text, self.d_pieces)}
+        out = {
+            ui["export"]: gr.DownloadButton(value=str(export_path), interactive=True),
+            ui["state"]: Shown(run, self.token_text, self.d_pieces),
+        }
         if run.verdict == "identical":
-            out[ui["lossless"]] = render.lossless_html("identical", f"all {len(d.tokens)} tokens match the baseline token for token")
+            out[ui["lossless"]] = render.lossless_html(
+                "identical", f"all {len(d.tokens)} tokens match the baseline token for token"
+            )
         elif run.verdict == "sampled":
             s = run.sampling
             out[ui["lossless"]] = render.lossless_html(
-                "sampled", f"temperature {s.temperature:g}, top-p {s.top_p:g}, seed {s.seed}: speculative sampling "
+                "sampled",
+                f"temperature {s.temperature:g}, top-p {s.top_p:g}, seed {s.seed}: speculative sampling "
                 "keeps the target's own distribution, so DFlash and plain sampling write different texts from "
-                "the same distribution (temperature 0 gives token-for-token identity)")
+                "the same distribution (temperature 0 gives token-for-token identity)",
+            )
         elif run.verdict == "diverged":
-            out[ui["lossless"]] = render.lossless_html("diverged", render.divergence_detail(run.divergence, self.token_text))
+            out[ui["lossless"]] = render.lossless_html(
+                "diverged", render.divergence_detail(run.divergence, self.token_text)
+            )
         elif d is None:
             out[ui["lossless"]] = render.lossless_html("partial", "stopped before DFlash ran")
         else:
@@ -397,8 +468,16 @@ class RunView:
         return out
 
 
-def build_app(model: str = None, draft: str = None, allow_downloads: bool = False, max_tokens_cap: int = 512,
-              concurrency: int = 1, queue_size: int = 32, worker=None, pair=None):
+def build_app(
+    model: str = None,
+    draft: str = None,
+    allow_downloads: bool = False,
+    max_tokens_cap: int = 512,
+    concurrency: int = 1,
+    queue_size: int = 32,
+    worker=None,
+    pair=None,
+):
     """The playground as (gr.Blocks, launch_kwargs). launch_kwargs (theme, css) go to
     `blocks.launch(**launch_kwargs)` or `gr.mount_gradio_app(app, blocks, path, **launch_kwargs)`.
 
@@ -414,8 +493,10 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
     play = Playground(catalogue, worker, max_tokens_cap)
     default = catalogue.default_key()
     if default is None:
-        raise DFlashError(f"no model pair to serve: the shipped pairs are missing from {SHIPPED_DIR} "
-                          "(is this a full clone?); give one with --model DIR --draft DIR")
+        raise DFlashError(
+            f"no model pair to serve: the shipped pairs are missing from {SHIPPED_DIR} "
+            "(is this a full clone?); give one with --model DIR --draft DIR"
+        )
     try:
         warning = catalogue.get(default).fit_warning()  # load before the first visitor arrives
         if warning:
@@ -432,45 +513,87 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                 "output as plain greedy decoding, fewer target passes.</p>",
                 elem_id="title",
             )
-            theme_btn = gr.Button("◐ Light / dark", size="sm", elem_id="theme-toggle", variant="secondary",
-                                  scale=0, min_width=130)
+            theme_btn = gr.Button(
+                "◐ Light / dark", size="sm", elem_id="theme-toggle", variant="secondary", scale=0, min_width=130
+            )
         with gr.Row():
             with gr.Column(scale=3):
-                prompt = gr.Textbox(label="Prompt", lines=7, max_lines=16, elem_id="prompt",
-                                    placeholder="Ask something, e.g. Explain how a rainbow forms.")
+                prompt = gr.Textbox(
+                    label="Prompt",
+                    lines=7,
+                    max_lines=16,
+                    elem_id="prompt",
+                    placeholder="Ask something, e.g. Explain how a rainbow forms.",
+                )
                 gr.Examples(example_prompts(), inputs=[prompt], label="Examples")
-                link = gr.Textbox(label="Link to these settings (Copy link fills it)", interactive=False,
-                                  elem_id="permalink", max_lines=1, buttons=["copy"])
+                link = gr.Textbox(
+                    label="Link to these settings (Copy link fills it)",
+                    interactive=False,
+                    elem_id="permalink",
+                    max_lines=1,
+                    buttons=["copy"],
+                )
             with gr.Column(scale=2):
                 model_key = gr.Dropdown(catalogue.choices(), value=default, label="Model pair", elem_id="model")
                 model_info = gr.HTML(elem_id="model-info")
                 download_btn = gr.Button("Download", variant="secondary", visible=False, elem_id="download")
                 loaded = catalogue.loaded(default)  # a server's pair may come with a quantized draft
                 bits0 = loaded.draft_quant if loaded is not None else None
-                draft_quant = gr.Radio(list(DRAFT_PRECISIONS), label="Draft precision",
-                                       value=next(k for k, bits in DRAFT_PRECISIONS.items() if bits == bits0),
-                                       info="quantize the draft's linear layers at load: less memory, the same "
-                                            "output (the target checks every token); acceptance may change",
-                                       elem_id="draft-quant")
+                draft_quant = gr.Radio(
+                    list(DRAFT_PRECISIONS),
+                    label="Draft precision",
+                    value=next(k for k, bits in DRAFT_PRECISIONS.items() if bits == bits0),
+                    info="quantize the draft's linear layers at load: less memory, the same "
+                    "output (the target checks every token); acceptance may change",
+                    elem_id="draft-quant",
+                )
                 B0, cap0 = play.limits(default) if loaded is not None else (16, max_tokens_cap)
-                max_tokens = gr.Slider(1, cap0, value=min(128, cap0), step=1, label="Max new tokens",
-                                       info=f"capped at {max_tokens_cap} on this host", elem_id="max-tokens")
-                block_size = gr.Slider(2, B0, value=B0, step=1, label="Block size",
-                                       info="tokens per block: staged + drafts (up to the draft's trained size)",
-                                       elem_id="block-size")
-                min_confidence = gr.Slider(0, 1, value=default_min_confidence(), step=0.05,
-                                           label="Verify threshold (draft confidence)",
-                                           info="the target checks only the leading guesses the draft gives at "
-                                                "least this probability (the first always); 0 checks all",
-                                           elem_id="min-confidence")
+                max_tokens = gr.Slider(
+                    1,
+                    cap0,
+                    value=min(128, cap0),
+                    step=1,
+                    label="Max new tokens",
+                    info=f"capped at {max_tokens_cap} on this host",
+                    elem_id="max-tokens",
+                )
+                block_size = gr.Slider(
+                    2,
+                    B0,
+                    value=B0,
+                    step=1,
+                    label="Block size",
+                    info="tokens per block: staged + drafts (up to the draft's trained size)",
+                    elem_id="block-size",
+                )
+                min_confidence = gr.Slider(
+                    0,
+                    1,
+                    value=default_min_confidence(),
+                    step=0.05,
+                    label="Verify threshold (draft confidence)",
+                    info="the target checks only the leading guesses the draft gives at "
+                    "least this probability (the first always); 0 checks all",
+                    elem_id="min-confidence",
+                )
                 chat = gr.Checkbox(catalogue.is_chat(default), label="Apply the chat template", elem_id="chat-template")
-                thinking = gr.Checkbox(False, label="Thinking (the model reasons first, in its chat template's "
-                                       "thinking mode)", visible=play.thinking_switch(default), elem_id="thinking")
+                thinking = gr.Checkbox(
+                    False,
+                    label="Thinking (the model reasons first, in its chat template's thinking mode)",
+                    visible=play.thinking_switch(default),
+                    elem_id="thinking",
+                )
                 with gr.Accordion("Sampling (temperature 0: greedy)", open=False):
-                    temperature = gr.Slider(0, MAX_TEMPERATURE, value=0, step=0.05, label="Temperature",
-                                            info="above 0 both engines sample: plain sampling against speculative "
-                                                 "sampling, which keeps the target's distribution",
-                                            elem_id="temperature")
+                    temperature = gr.Slider(
+                        0,
+                        MAX_TEMPERATURE,
+                        value=0,
+                        step=0.05,
+                        label="Temperature",
+                        info="above 0 both engines sample: plain sampling against speculative "
+                        "sampling, which keeps the target's distribution",
+                        elem_id="temperature",
+                    )
                     top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p", elem_id="top-p")
                     seed = gr.Number(0, label="Seed", precision=0, minimum=0, elem_id="seed")
                 with gr.Row():
@@ -478,8 +601,9 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
                 with gr.Row():
                     link_btn = gr.Button("Copy link", size="sm", elem_id="copy-link")
-                    ui["export"] = gr.DownloadButton("Download run (JSON)", size="sm", interactive=False,
-                                                     elem_id="export")
+                    ui["export"] = gr.DownloadButton(
+                        "Download run (JSON)", size="sm", interactive=False, elem_id="export"
+                    )
         ui["status"] = gr.HTML(elem_id="status-panel")
         with gr.Row(equal_height=True):
             with gr.Column(scale=1, min_width=220):
@@ -488,22 +612,31 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                 ui["lossless"] = gr.HTML(render.lossless_html("pending"), elem_id="lossless")
         with gr.Row(equal_height=False):
             with gr.Column():
-                gr.HTML('<div class="pane-title"><span class="dot" style="background:#8b93a7"></span>'
-                        "Baseline · plain decoding (greedy; sampling above temperature 0)</div>")
+                gr.HTML(
+                    '<div class="pane-title"><span class="dot" style="background:#8b93a7"></span>'
+                    "Baseline · plain decoding (greedy; sampling above temperature 0)</div>"
+                )
                 ui["b_stats"] = gr.HTML(render.stats_html(0, 0.0, 0.0), elem_id="baseline-stats")
-                ui["b_out"] = gr.HTML(render.plain_text_html("", placeholder="Baseline output appears here."),
-                                      elem_id="baseline-output")
+                ui["b_out"] = gr.HTML(
+                    render.plain_text_html("", placeholder="Baseline output appears here."), elem_id="baseline-output"
+                )
             with gr.Column():
-                gr.HTML('<div class="pane-title"><span class="dot" style="background:#6366f1"></span>'
-                        "DFlash · draft a block, verify in one pass</div>")
+                gr.HTML(
+                    '<div class="pane-title"><span class="dot" style="background:#6366f1"></span>'
+                    "DFlash · draft a block, verify in one pass</div>"
+                )
                 ui["d_stats"] = gr.HTML(render.stats_html(0, 0.0, 0.0, render.dflash_extra()), elem_id="dflash-stats")
                 ui["d_out"] = gr.HTML(render.dflash_tokens_html([], [], str), elem_id="dflash-tokens")
                 gr.HTML(render.LEGEND)
-                all_rejected = gr.Checkbox(False, label=f"Show every rejected draft token (else the first "
-                                           f"{MAX_REJECTED_SHOWN} per cycle)", elem_id="all-rejected")
+                all_rejected = gr.Checkbox(
+                    False,
+                    label=f"Show every rejected draft token (else the first {MAX_REJECTED_SHOWN} per cycle)",
+                    elem_id="all-rejected",
+                )
         with gr.Accordion("Race replay: both engines on one clock", open=True):
-            ui["race"] = gr.HTML(render.info_html("The race replay starts when both engines have finished."),
-                                 elem_id="race")
+            ui["race"] = gr.HTML(
+                render.info_html("The race replay starts when both engines have finished."), elem_id="race"
+            )
             replay_btn = gr.Button("Replay race", size="sm", elem_id="replay")
         with gr.Accordion("Charts", open=True):
             with gr.Row():
@@ -517,51 +650,137 @@ def build_app(model: str = None, draft: str = None, allow_downloads: bool = Fals
                 prev_btn = gr.Button("◀ Prev", size="sm", scale=0, min_width=90)
                 ui["insp_slider"] = gr.Slider(0, 1, value=0, step=1, label="Cycle", elem_id="cycle-slider", scale=4)
                 next_btn = gr.Button("Next ▶", size="sm", scale=0, min_width=90)
-            ui["insp_html"] = gr.HTML(render.info_html("run a prompt, then step through its cycles here"),
-                                      elem_id="inspector")
+            ui["insp_html"] = gr.HTML(
+                render.info_html("run a prompt, then step through its cycles here"), elem_id="inspector"
+            )
         with gr.Accordion("How it works", open=False):
             gr.Markdown(ABOUT)
         ui["state"] = gr.State(None)
 
-        outputs = [ui["status"], ui["b_stats"], ui["b_out"], ui["d_stats"], ui["d_out"], ui["speedup"],
-                   ui["lossless"], ui["race"], *ui["plots"], ui["insp_slider"], ui["insp_html"], ui["export"],
-                   ui["state"]]
-        run_inputs = [prompt, model_key, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed,
-                      thinking, draft_quant]
-        run_event = run_btn.click(play.run, run_inputs, outputs, concurrency_limit=concurrency,
-                                  concurrency_id="mlx", show_progress="hidden", api_name="run")
+        outputs = [
+            ui["status"],
+            ui["b_stats"],
+            ui["b_out"],
+            ui["d_stats"],
+            ui["d_out"],
+            ui["speedup"],
+            ui["lossless"],
+            ui["race"],
+            *ui["plots"],
+            ui["insp_slider"],
+            ui["insp_html"],
+            ui["export"],
+            ui["state"],
+        ]
+        run_inputs = [
+            prompt,
+            model_key,
+            max_tokens,
+            block_size,
+            chat,
+            min_confidence,
+            temperature,
+            top_p,
+            seed,
+            thinking,
+            draft_quant,
+        ]
+        run_event = run_btn.click(
+            play.run,
+            run_inputs,
+            outputs,
+            concurrency_limit=concurrency,
+            concurrency_id="mlx",
+            show_progress="hidden",
+            api_name="run",
+        )
         run_event.then(None, js=assets.RACE_JS)
-        run_event.then(lambda shown, every: play.redraw_tokens(shown, True) if every else gr.skip(),
-                       [ui["state"], all_rejected], [ui["d_out"]], queue=False, show_progress="hidden",
-                       api_visibility="private")
+        run_event.then(
+            lambda shown, every: play.redraw_tokens(shown, True) if every else gr.skip(),
+            [ui["state"], all_rejected],
+            [ui["d_out"]],
+            queue=False,
+            show_progress="hidden",
+            api_visibility="private",
+        )
         stop_btn.click(play.stop, None, None, queue=False, api_name="stop")
         replay_btn.click(None, js=assets.RACE_JS)
         theme_btn.click(None, js=assets.THEME_JS)
-        link_btn.click(None, [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, thinking],
-                       [link], js=assets.COPY_LINK_JS)
+        link_btn.click(
+            None,
+            [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, thinking],
+            [link],
+            js=assets.COPY_LINK_JS,
+        )
         picker_inputs = [model_key, block_size, max_tokens, draft_quant]
         picker_outputs = [model_info, block_size, max_tokens, chat, download_btn, thinking]
-        model_key.change(play.select_model, picker_inputs, picker_outputs, concurrency_id="mlx",
-                         show_progress_on=[model_info], api_name="select_model")
-        draft_quant.change(play.select_model, picker_inputs, picker_outputs, concurrency_id="mlx",
-                           show_progress_on=[model_info], api_visibility="private")
-        download_btn.click(play.download, picker_inputs, picker_outputs, concurrency_id="mlx",
-                           show_progress_on=[model_info], api_name="download")
-        all_rejected.change(play.redraw_tokens, [ui["state"], all_rejected], [ui["d_out"]], queue=False,
-                            show_progress="hidden", api_visibility="private")
-        ui["insp_slider"].change(play.inspect, [ui["state"], ui["insp_slider"]], [ui["insp_html"]],
-                                 show_progress="hidden", queue=False, api_visibility="private")
-        prev_btn.click(lambda i: max(int(i) - 1, 0), [ui["insp_slider"]], [ui["insp_slider"]], queue=False,
-                       api_visibility="private")
-        next_btn.click(lambda shown, i: min(int(i) + 1, max(len(shown.run.cycles) - 1, 0)) if shown else 0,
-                       [ui["state"], ui["insp_slider"]], [ui["insp_slider"]], queue=False, api_visibility="private")
-        demo.load(play.prefill, [model_key],
-                  [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, model_info, thinking],
-                  api_visibility="private")
+        model_key.change(
+            play.select_model,
+            picker_inputs,
+            picker_outputs,
+            concurrency_id="mlx",
+            show_progress_on=[model_info],
+            api_name="select_model",
+        )
+        draft_quant.change(
+            play.select_model,
+            picker_inputs,
+            picker_outputs,
+            concurrency_id="mlx",
+            show_progress_on=[model_info],
+            api_visibility="private",
+        )
+        download_btn.click(
+            play.download,
+            picker_inputs,
+            picker_outputs,
+            concurrency_id="mlx",
+            show_progress_on=[model_info],
+            api_name="download",
+        )
+        all_rejected.change(
+            play.redraw_tokens,
+            [ui["state"], all_rejected],
+            [ui["d_out"]],
+            queue=False,
+            show_progress="hidden",
+            api_visibility="private",
+        )
+        ui["insp_slider"].change(
+            play.inspect,
+            [ui["state"], ui["insp_slider"]],
+            [ui["insp_html"]],
+            show_progress="hidden",
+            queue=False,
+            api_visibility="private",
+        )
+        prev_btn.click(
+            lambda i: max(int(i) - 1, 0),
+            [ui["insp_slider"]],
+            [ui["insp_slider"]],
+            queue=False,
+            api_visibility="private",
+        )
+        next_btn.click(
+            lambda shown, i: min(int(i) + 1, max(len(shown.run.cycles) - 1, 0)) if shown else 0,
+            [ui["state"], ui["insp_slider"]],
+            [ui["insp_slider"]],
+            queue=False,
+            api_visibility="private",
+        )
+        demo.load(
+            play.prefill,
+            [model_key],
+            [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, model_info, thinking],
+            api_visibility="private",
+        )
     demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
     demo.playground = play  # for hosts and tests: the catalogue and the MLX worker it uses
     # system fonts only: the page must not fetch anything from the internet
-    theme = gr.themes.Soft(primary_hue="indigo", neutral_hue="slate",
-                           font=[gr.themes.Font(f) for f in ("system-ui", "Segoe UI", "sans-serif")],
-                           font_mono=[gr.themes.Font(f) for f in ("ui-monospace", "Menlo", "Consolas", "monospace")])
+    theme = gr.themes.Soft(
+        primary_hue="indigo",
+        neutral_hue="slate",
+        font=[gr.themes.Font(f) for f in ("system-ui", "Segoe UI", "sans-serif")],
+        font_mono=[gr.themes.Font(f) for f in ("ui-monospace", "Menlo", "Consolas", "monospace")],
+    )
     return demo, {"theme": theme, "css": assets.CSS}

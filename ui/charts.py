@@ -1,5 +1,6 @@
 """Plotly figures over the engine's events. Built per batch of cycles or at the end of a run,
 never per token (rebuilding a figure per token slows a stream threefold)."""
+
 from collections import Counter
 
 import plotly.graph_objects as go
@@ -65,14 +66,18 @@ def acceptance_by_position_chart(tally: CycleTally) -> go.Figure:
     return _layout(fig, "Acceptance rate by block position", "block position", "cycles accepted")
 
 
-def tokens_vs_time_chart(baseline: list = (), cycles: list = (), baseline_prefill: float = 0.0,
-                         dflash_prefill: float = 0.0) -> go.Figure:
+def tokens_vs_time_chart(
+    baseline: list = (), cycles: list = (), baseline_prefill: float = 0.0, dflash_prefill: float = 0.0
+) -> go.Figure:
     """Tokens emitted against seconds since the request started (prefill included), both engines."""
     fig = go.Figure()
     if baseline:
         fig.add_scatter(
-            x=[baseline_prefill + e.t for e in baseline], y=[e.index + 1 for e in baseline],
-            mode="lines", name="baseline", line=dict(color=BASELINE_COLOR, width=2),
+            x=[baseline_prefill + e.t for e in baseline],
+            y=[e.index + 1 for e in baseline],
+            mode="lines",
+            name="baseline",
+            line=dict(color=BASELINE_COLOR, width=2),
             hovertemplate="%{x:.3f} s<br>%{y} tokens<extra>baseline</extra>",
         )
     if cycles:
@@ -82,8 +87,13 @@ def tokens_vs_time_chart(baseline: list = (), cycles: list = (), baseline_prefil
             xs.append(dflash_prefill + c.t)
             ys.append(n)
         fig.add_scatter(
-            x=xs, y=ys, mode="lines+markers", line_shape="hv", name="DFlash",
-            line=dict(color=TARGET_COLOR, width=2), marker=dict(size=4),
+            x=xs,
+            y=ys,
+            mode="lines+markers",
+            line_shape="hv",
+            name="DFlash",
+            line=dict(color=TARGET_COLOR, width=2),
+            marker=dict(size=4),
             hovertemplate="%{x:.3f} s<br>%{y} tokens<extra>DFlash</extra>",
         )
     return _layout(fig, "Tokens over time", "seconds since request", "tokens")
@@ -93,10 +103,18 @@ def time_split_chart(cycles: list) -> go.Figure:
     fig = go.Figure()
     if cycles:
         x = [c.cycle for c in cycles]
-        for name, key, color in (("draft", "draft_ms", ACCEPT_COLOR), ("verify", "verify_ms", TARGET_COLOR),
-                                 ("rollback", "rollback_ms", ROLLBACK_COLOR)):
-            fig.add_bar(x=x, y=[getattr(c, key) for c in cycles], name=name, marker_color=color,
-                        hovertemplate=f"cycle %{{x}}<br>{name} %{{y:.1f}} ms<extra></extra>")
+        for name, key, color in (
+            ("draft", "draft_ms", ACCEPT_COLOR),
+            ("verify", "verify_ms", TARGET_COLOR),
+            ("rollback", "rollback_ms", ROLLBACK_COLOR),
+        ):
+            fig.add_bar(
+                x=x,
+                y=[getattr(c, key) for c in cycles],
+                name=name,
+                marker_color=color,
+                hovertemplate=f"cycle %{{x}}<br>{name} %{{y:.1f}} ms<extra></extra>",
+            )
         fig.update_layout(barmode="stack")
     return _layout(fig, "Time per cycle: draft / verify / rollback", "cycle", "ms")
 
@@ -107,23 +125,26 @@ def tokens_per_cycle_histogram(cycles: list) -> go.Figure:
         B = cycles[0].block_size
         counts = Counter(len(c.committed) for c in cycles)
         fig.add_bar(
-            x=list(range(1, B + 1)), y=[counts.get(n, 0) for n in range(1, B + 1)],
-            marker_color=TARGET_COLOR, hovertemplate="%{x} tokens: %{y} cycles<extra></extra>",
+            x=list(range(1, B + 1)),
+            y=[counts.get(n, 0) for n in range(1, B + 1)],
+            marker_color=TARGET_COLOR,
+            hovertemplate="%{x} tokens: %{y} cycles<extra></extra>",
         )
         fig.update_xaxes(dtick=1)
     return _layout(fig, "Tokens committed per cycle", "tokens in the cycle", "cycles")
 
 
-def all_charts(baseline_events: list, baseline_summary: RunSummary, cycles: list,
-               dflash_summary: RunSummary) -> list:
+def all_charts(baseline_events: list, baseline_summary: RunSummary, cycles: list, dflash_summary: RunSummary) -> list:
     """The five figures in display order."""
     return [
-        tokens_vs_time_chart(baseline_events, cycles,
-                             baseline_summary.prefill_s if baseline_summary else 0.0,
-                             dflash_summary.prefill_s if dflash_summary else 0.0),
+        tokens_vs_time_chart(
+            baseline_events,
+            cycles,
+            baseline_summary.prefill_s if baseline_summary else 0.0,
+            dflash_summary.prefill_s if dflash_summary else 0.0,
+        ),
         accepted_length_chart(cycles),
         acceptance_by_position_chart(dflash_summary.tally if dflash_summary else CycleTally.of(cycles)),
         time_split_chart(cycles),
         tokens_per_cycle_histogram(cycles),
     ]
-

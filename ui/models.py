@@ -6,14 +6,15 @@ disk, and the registered hub pairs, which are offered only when the host started
 --allow-downloads (a shared link must not make the host download tens of GB). A hub pair that is
 not in the cache yet is downloaded only when a visitor, shown its size, asks for it (download()).
 """
+
 import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from dflash_core.errors import DFlashError
-from dflash_core.loading import CHAT_PAIRS, SHIPPED, load_planned, plan_pair, with_draft_quant
-from dflash_core.registry import known_pairs
+from dflash_core.loading import load_planned, plan_pair, with_draft_quant
+from dflash_core.registry import CHAT_PAIRS, SHIPPED, known_pairs
 
 HUB_KINDS = {"mlx-4bit": "4-bit MLX", "original": "original weights"}
 
@@ -48,7 +49,9 @@ class Catalogue:
         if allow_downloads:  # the 4-bit conversions first: what fits a laptop
             hub = [p for p in known_pairs() if p.kind in HUB_KINDS and not p.gated]
             for p in sorted(hub, key=lambda p: p.kind != "mlx-4bit"):
-                self.entries[p.target] = Entry(f"{p.base} · {HUB_KINDS[p.kind]} (hub download)", "hub", p.target, p.draft)
+                self.entries[p.target] = Entry(
+                    f"{p.base} · {HUB_KINDS[p.kind]} (hub download)", "hub", p.target, p.draft
+                )
         self._plans = {}  # key -> PairPlan: configs read, draft checked, downloads done so far
         self._loaded = OrderedDict()  # (key, draft bits) -> Pair, most recently used last
         self._lock = threading.Lock()
@@ -123,8 +126,10 @@ class Catalogue:
             else:
                 if plan.downloads():
                     if self.kind(key) != "host":
-                        raise DFlashError(f"{plan.name} is not downloaded yet ({'; '.join(plan.notice()[0])}); "
-                                          "press Download to fetch it first")
+                        raise DFlashError(
+                            f"{plan.name} is not downloaded yet ({'; '.join(plan.notice()[0])}); "
+                            "press Download to fetch it first"
+                        )
                     # the host named it: its download shows in the host's terminal
                     self.download(key, log=lambda m: print(m, file=sys.stderr, flush=True))
                     plan = self._plans[key]

@@ -3,6 +3,7 @@
 gr.HTML sets innerHTML unsanitised, so every piece of model or user text goes through `esc`
 (html.escape with quotes) before it is placed in markup or in an attribute.
 """
+
 import html
 import json
 
@@ -36,7 +37,7 @@ class Pieces:
                 out.append("")  # incomplete UTF-8 (at most 4 bytes): wait for the next token
                 continue
             head = self.decode(self.previous) if self.previous else ""
-            out.append(text[len(head):] if text.startswith(head) else self.decode(self.pending))
+            out.append(text[len(head) :] if text.startswith(head) else self.decode(self.pending))
             self.previous, self.pending = self.pending[-1:], []
         return out
 
@@ -101,14 +102,18 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
                 if j > 0:
                     why = "after the rejection point"
                 elif ev.draws:
-                    why = f"{_draw_tip(ev, a).lstrip(' ·')}; resampled {draft_text(ev.next_staged)!r} from max(0, p - q)"
+                    why = (
+                        f"{_draw_tip(ev, a).lstrip(' ·')}; resampled {draft_text(ev.next_staged)!r} from max(0, p - q)"
+                    )
                 else:
                     why = f"target wanted {draft_text(ev.posterior[a])!r}"
             tip = f"{head} · block position {k} · {kind} draft token ({why}) · {tail}"
             out.append(_token_span(draft_text(tok), f"tok-{kind}", tip, inline=True))
         if len(shown) < len(rejected):
             more = len(rejected) - len(shown)
-            out.append(f'<span class="tok-more" title="{more} more draft tokens of cycle {ev.cycle} not committed (rejected or unverified)">+{more}</span>')
+            out.append(
+                f'<span class="tok-more" title="{more} more draft tokens of cycle {ev.cycle} not committed (rejected or unverified)">+{more}</span>'
+            )
     cls = "cycle cycle-bonus" if ev.is_bonus else "cycle"
     return f'<span class="{cls}" data-cycle="{ev.cycle}">{"".join(out)}</span>'
 
@@ -183,9 +188,11 @@ def speedup_html(baseline: RunSummary = None, dflash: RunSummary = None, recorde
     this kind of device when one is recorded (recorded: benchmark.recorded_figure)."""
     reference = ""
     if recorded:
-        reference = (f'<div class="sub">headless benchmark of this pair on {esc(recorded["device"])}: '
-                     f'{recorded["speedup"]:.2f}× median, {recorded["tokens_per_cycle"]:.2f} tokens/cycle '
-                     f'({recorded["prompts"]} prompts × {recorded["repeat"]} repeats)</div>')
+        reference = (
+            f'<div class="sub">headless benchmark of this pair on {esc(recorded["device"])}: '
+            f"{recorded['speedup']:.2f}× median, {recorded['tokens_per_cycle']:.2f} tokens/cycle "
+            f"({recorded['prompts']} prompts × {recorded['repeat']} repeats)</div>"
+        )
     if baseline is None or dflash is None or not baseline.decode_tps or not dflash.decode_tps:
         return f'<div class="speedup empty"><div class="v">–</div><div class="k">speedup</div>{reference}</div>'
     x = dflash.decode_tps / baseline.decode_tps
@@ -217,7 +224,11 @@ def divergence_detail(d: Divergence, token_text) -> str:
         return "(ended)" if tok is None else f"{token_text(tok)!r} (id {tok})"
 
     margin = "" if d.top2_margin is None else f"; the target's top-2 logit margin there is {d.top2_margin:.4g}"
-    hint = " (a tiny margin means float noise between batched and one-token forwards)" if (d.top2_margin or 1) < 1e-2 else ""
+    hint = (
+        " (a tiny margin means float noise between batched and one-token forwards)"
+        if (d.top2_margin or 1) < 1e-2
+        else ""
+    )
     return f"first difference at generated token {d.index}: DFlash {show(d.dflash_token)} vs baseline {show(d.baseline_token)}{margin}{hint}"
 
 
@@ -233,8 +244,9 @@ def warning_html(message: str) -> str:
     return f'<div class="warning-panel"><b>Warning:</b> {esc(message)}</div>'
 
 
-def race_html(baseline_pieces: list, baseline_times: list, dflash_pieces: list, dflash_times: list,
-              speed: float = 1.0) -> str:
+def race_html(
+    baseline_pieces: list, baseline_times: list, dflash_pieces: list, dflash_times: list, speed: float = 1.0
+) -> str:
     """The race lanes plus the recorded timeline as JSON in a data attribute (escaped); the page's
     script (ui/assets.py RACE_JS) replays both on one clock. Times are seconds since each request
     started (prefill included) at which each token became visible."""
@@ -257,8 +269,8 @@ def race_html(baseline_pieces: list, baseline_times: list, dflash_pieces: list, 
         f'<div class="race" data-timeline="{esc(json.dumps(data))}">'
         f'<div class="race-head" title="one clock from each request\'s start, prefill included">'
         f'<span class="clock">0.00 s</span> of {end:.2f} s'
-        f'{" · replay at " + format(speed, "g") + "× speed" if speed != 1 else " · real time"}</div>'
-        f'{lane("Baseline", "baseline")}{lane("DFlash", "dflash")}</div>'
+        f"{' · replay at ' + format(speed, 'g') + '× speed' if speed != 1 else ' · real time'}</div>"
+        f"{lane('Baseline', 'baseline')}{lane('DFlash', 'dflash')}</div>"
     )
 
 
@@ -271,13 +283,20 @@ def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: 
         return f'<td class="{cls}"><code>{show_text(token_text(tok), inline=True) or "&nbsp;"}</code></td>'
 
     head = "".join(f"<th>{k}</th>" for k in range(B))
-    block = cell(ev.staged_token, "staged") + "".join(f'<td class="mask"><code>{esc(mask_text)}</code></td>' for _ in range(B - 1))
+    block = cell(ev.staged_token, "staged") + "".join(
+        f'<td class="mask"><code>{esc(mask_text)}</code></td>' for _ in range(B - 1)
+    )
     drafted = "<td></td>" + "".join(
-        cell(t, "acc" if k < a else ("rej" if k < v else "unverified")) for k, t in enumerate(ev.drafted))
+        cell(t, "acc" if k < a else ("rej" if k < v else "unverified")) for k, t in enumerate(ev.drafted)
+    )
     # posterior[k-1] is the target's choice for block position k (computed at position k-1);
     # positions past the verified ones were not sent to the target
     unchecked = '<td class="unverified">–</td>' * (B - 1 - v)
-    wanted = "<td></td>" + "".join(cell(ev.posterior[k], "acc" if k < a else ("fix" if k == a else "")) for k in range(v)) + unchecked
+    wanted = (
+        "<td></td>"
+        + "".join(cell(ev.posterior[k], "acc" if k < a else ("fix" if k == a else "")) for k in range(v))
+        + unchecked
+    )
     rows = [("block into the draft", block), ("draft proposes", drafted)]
     rows += _sampling_rows(ev, unchecked) if ev.draws else _greedy_rows(ev, wanted, unchecked)
     table = "".join(f"<tr><th class='rowh'>{esc(n)}</th>{r}</tr>" for n, r in rows)
@@ -285,10 +304,13 @@ def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: 
     kind = "bonus" if ev.is_bonus else "correction"
     committed = "".join(
         f'<span class="tok {"tok-target" if i == 0 else "tok-accepted"}">{show_text(token_text(t), inline=True)}</span>'
-        for i, t in enumerate(ev.committed))
+        for i, t in enumerate(ev.committed)
+    )
     rollback = f"{ev.kv_trimmed} KV-cache entr{'y' if ev.kv_trimmed == 1 else 'ies'} trimmed per attention layer"
     if hybrid:
-        rollback += f"; {ev.gdn_replayed} GatedDeltaNet step{'' if ev.gdn_replayed == 1 else 's'} replayed per linear layer"
+        rollback += (
+            f"; {ev.gdn_replayed} GatedDeltaNet step{'' if ev.gdn_replayed == 1 else 's'} replayed per linear layer"
+        )
     facts = (
         f"<div class='facts'>"
         f"<div><span class='k'>accepted length</span> <b>{a}</b> of {v} verified"
@@ -313,8 +335,11 @@ def _greedy_rows(ev: CycleEvent, wanted: str, unchecked: str) -> list:
         run *= m
         match.append(f'<td class="{"yes" if m else "no"}">{"✓" if m else "✗"}</td>')
         cum.append(f'<td class="{"yes" if run else "no"}">{run}</td>')
-    return [("target's choice", wanted), ("match", "".join(match + [unchecked])),
-            ("cumulative product", "".join(cum + [unchecked]))]
+    return [
+        ("target's choice", wanted),
+        ("match", "".join(match + [unchecked])),
+        ("cumulative product", "".join(cum + [unchecked])),
+    ]
 
 
 def _sampling_rows(ev: CycleEvent, unchecked: str) -> list:
@@ -343,10 +368,13 @@ def explain(ev: CycleEvent, token_text) -> str:
     def q(tok):
         return f"<code>{show_text(token_text(tok), inline=True)}</code>"
 
-    read = (f"The target then read the {B} tokens in one forward pass and" if v == B - 1 else
-            f"The draft was sure of only the first {v} (each at least the confidence threshold; "
-            f"the first always goes), so the target read {v + 1} tokens, not {B}: on a CPU every "
-            "verified position costs time, and unsure guesses are rarely accepted. It")
+    read = (
+        f"The target then read the {B} tokens in one forward pass and"
+        if v == B - 1
+        else f"The draft was sure of only the first {v} (each at least the confidence threshold; "
+        f"the first always goes), so the target read {v + 1} tokens, not {B}: on a CPU every "
+        "verified position costs time, and unsure guesses are rarely accepted. It"
+    )
     if ev.draws:
         return _explain_sampled(ev, q, read)
     s = [
@@ -355,20 +383,28 @@ def explain(ev: CycleEvent, token_text) -> str:
         f"{read} said, at every position, which token it would pick itself.",
     ]
     if ev.is_bonus:
-        s.append(f"It agreed with every {'verified ' if v < B - 1 else ''}guess, so all {a} were kept, and its pick after the last one, "
-                 f"{q(ev.next_staged)}, comes free: a bonus token, staged for the next cycle.")
+        s.append(
+            f"It agreed with every {'verified ' if v < B - 1 else ''}guess, so all {a} were kept, and its pick after the last one, "
+            f"{q(ev.next_staged)}, comes free: a bonus token, staged for the next cycle."
+        )
     elif a == 0:
-        s.append(f"It disagreed at the first guess (the draft said {q(ev.drafted[0])}, the target wanted "
-                 f"{q(ev.posterior[0])}), so only the staged token was committed; the target's pick "
-                 "becomes the next staged token (a correction).")
+        s.append(
+            f"It disagreed at the first guess (the draft said {q(ev.drafted[0])}, the target wanted "
+            f"{q(ev.posterior[0])}), so only the staged token was committed; the target's pick "
+            "becomes the next staged token (a correction)."
+        )
     else:
         guesses = "guess" if a == 1 else f"{a} guesses"
-        s.append(f"It agreed with the first {guesses} and disagreed at position {a + 1} (the draft said "
-                 f"{q(ev.drafted[a])}, the target wanted {q(ev.posterior[a])}). Everything after a "
-                 f"disagreement is thrown away, even if later guesses happen to match. {a + 1} tokens were "
-                 "committed and the target's pick is the next staged token (a correction).")
-    s.append("Every committed token is the target's own greedy choice, which is why the output is "
-             "identical to plain decoding. The caches are rolled back to hold exactly the committed tokens.")
+        s.append(
+            f"It agreed with the first {guesses} and disagreed at position {a + 1} (the draft said "
+            f"{q(ev.drafted[a])}, the target wanted {q(ev.posterior[a])}). Everything after a "
+            f"disagreement is thrown away, even if later guesses happen to match. {a + 1} tokens were "
+            "committed and the target's pick is the next staged token (a correction)."
+        )
+    s.append(
+        "Every committed token is the target's own greedy choice, which is why the output is "
+        "identical to plain decoding. The caches are rolled back to hold exactly the committed tokens."
+    )
     return "<p>" + "</p><p>".join(s) + "</p>"
 
 
@@ -382,15 +418,21 @@ def _explain_sampled(ev: CycleEvent, q, read: str) -> str:
         "kept with probability min(1, p(d) / q(d)): a uniform draw u keeps it when u < p(d) / q(d).",
     ]
     if ev.is_bonus:
-        s.append(f"All {a} {'verified ' if v < B - 1 else ''}proposals were kept, so the next token, {q(ev.next_staged)}, "
-                 "was drawn from the target's p after the last one: a bonus token, staged for the next cycle.")
+        s.append(
+            f"All {a} {'verified ' if v < B - 1 else ''}proposals were kept, so the next token, {q(ev.next_staged)}, "
+            "was drawn from the target's p after the last one: a bonus token, staged for the next cycle."
+        )
     else:
         d = ev.draws
-        s.append(f"Proposal {a + 1}, {q(ev.drafted[a])}, had p = {d.p[a]:.3f} against q = {d.q[a]:.3f} and the draw "
-                 f"u = {d.u[a]:.3f} was too high, so it and everything after it were dropped. The replacement "
-                 f"{q(ev.next_staged)} was drawn from max(0, p - q), normalized: the mass the target has and the "
-                 "draft did not give, which is exactly what keeps the output distributed as the target's.")
-    s.append("So every token follows the target's own sampling distribution (the same as plain sampling), "
-             "though not the same tokens as a plain run with the same seed. The caches are rolled back to "
-             "hold exactly the committed tokens.")
+        s.append(
+            f"Proposal {a + 1}, {q(ev.drafted[a])}, had p = {d.p[a]:.3f} against q = {d.q[a]:.3f} and the draw "
+            f"u = {d.u[a]:.3f} was too high, so it and everything after it were dropped. The replacement "
+            f"{q(ev.next_staged)} was drawn from max(0, p - q), normalized: the mass the target has and the "
+            "draft did not give, which is exactly what keeps the output distributed as the target's."
+        )
+    s.append(
+        "So every token follows the target's own sampling distribution (the same as plain sampling), "
+        "though not the same tokens as a plain run with the same seed. The caches are rolled back to "
+        "hold exactly the committed tokens."
+    )
     return "<p>" + "</p><p>".join(s) + "</p>"

@@ -1,11 +1,12 @@
 """One playground request: the baseline alone, then DFlash alone (never both at once on the same
 device), then the lossless check. Everything MLX runs on the worker thread; this module only
 collects the engines' events into a `Comparison` that the page renders."""
+
 import threading
 import time
 from dataclasses import dataclass, field
 
-from dflash_core.events import Divergence, RunSummary, to_dict
+from dflash_core.events import Divergence, RunSummary, lossless_verdict, to_dict
 from dflash_core.sampling import Sampling
 
 
@@ -46,19 +47,26 @@ class Comparison:
             "pair": self.pair_name,
             "prompt": self.prompt,
             "prompt_ids": self.prompt_ids,
-            "settings": {"max_tokens": self.max_tokens, "block_size": self.block_size,
-                         "chat_template": self.chat_template, "thinking": self.thinking,
-                         "draft_quant": self.draft_quant,
-                         "min_confidence": self.dflash_summary.min_confidence if self.dflash_summary else None,
-                         "temperature": self.sampling.temperature if self.sampling else 0.0,
-                         "top_p": self.sampling.top_p if self.sampling else 1.0,
-                         "seed": self.sampling.seed if self.sampling else None},
-            "baseline": {"events": [to_dict(e) for e in self.baseline],
-                         "summary": to_dict(self.baseline_summary) if self.baseline_summary else None},
-            "dflash": {"events": [to_dict(e) for e in self.cycles],
-                       "summary": to_dict(self.dflash_summary) if self.dflash_summary else None},
-            "lossless": {"verdict": self.verdict,
-                         "divergence": to_dict(self.divergence) if self.divergence else None},
+            "settings": {
+                "max_tokens": self.max_tokens,
+                "block_size": self.block_size,
+                "chat_template": self.chat_template,
+                "thinking": self.thinking,
+                "draft_quant": self.draft_quant,
+                "min_confidence": self.dflash_summary.min_confidence if self.dflash_summary else None,
+                "temperature": self.sampling.temperature if self.sampling else 0.0,
+                "top_p": self.sampling.top_p if self.sampling else 1.0,
+                "seed": self.sampling.seed if self.sampling else None,
+            },
+            "baseline": {
+                "events": [to_dict(e) for e in self.baseline],
+                "summary": to_dict(self.baseline_summary) if self.baseline_summary else None,
+            },
+            "dflash": {
+                "events": [to_dict(e) for e in self.cycles],
+                "summary": to_dict(self.dflash_summary) if self.dflash_summary else None,
+            },
+            "lossless": {"verdict": self.verdict, "divergence": to_dict(self.divergence) if self.divergence else None},
         }
 
 
@@ -91,14 +99,20 @@ def compare(worker, pair, run: Comparison, user_stop: threading.Event):
     ids, n, B = run.prompt_ids, run.max_tokens, run.block_size
     worker.call(pair.check_request, ids, n, B)
 
-    yield from _run_stage(worker, run, "baseline", lambda stop: pair.baseline(ids, n, stop, sampling=run.sampling),
-                          user_stop)
+    yield from _run_stage(
+        worker, run, "baseline", lambda stop: pair.baseline(ids, n, stop, sampling=run.sampling), user_stop
+    )
     if user_stop.is_set():
         run.stage, run.verdict = "done", "partial"
         yield run
         return
-    yield from _run_stage(worker, run, "dflash", lambda stop: pair.dflash(ids, n, B, stop, min_confidence=run.min_confidence,
-                                                                          sampling=run.sampling), user_stop)
+    yield from _run_stage(
+        worker,
+        run,
+        "dflash",
+        lambda stop: pair.dflash(ids, n, B, stop, min_confidence=run.min_confidence, sampling=run.sampling),
+        user_stop,
+    )
     if run.sampling:  # the same distribution, not the same tokens: nothing to compare token by token
         run.stage, run.verdict = "done", "sampled"
         yield run
@@ -106,11 +120,12 @@ def compare(worker, pair, run: Comparison, user_stop: threading.Event):
 
     run.stage = "check"
     yield run
-    ours, ref = run.dflash_summary.tokens, run.baseline_summary.tokens
-    if run.stopped:
-        k = min(len(ours), len(ref))
-        ours, ref = ours[:k], ref[:k]
-    run.divergence = worker.call(pair.divergence, ids, ours, ref) if ours != ref else None
-    run.verdict = "diverged" if run.divergence else ("partial" if run.stopped else "identical")
+    run.verdict = lossless_verdict(run.dflash_summary, run.baseline_summary)
+    if run.verdict == "diverged":
+        ours, ref = run.dflash_summary.tokens, run.baseline_summary.tokens
+        if run.stopped:  # where the tokens both have first differ
+            k = min(len(ours), len(ref))
+            ours, ref = ours[:k], ref[:k]
+        run.divergence = worker.call(pair.divergence, ids, ours, ref)
     run.stage = "done"
     yield run

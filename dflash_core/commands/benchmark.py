@@ -1,4 +1,5 @@
 """benchmark: baseline vs DFlash on the same token ids, warm-up first, medians of repeats."""
+
 import argparse
 import json
 from pathlib import Path
@@ -7,8 +8,18 @@ from .. import distributed
 from ..argtypes import positive_int, probability, whole_number
 from ..benchmark import load_prompts, run_benchmark
 from ..errors import DFlashError
-from .common import (add_block_size_args, add_chat_template_args, add_min_confidence_arg, add_pair_args,
-                     add_sampling_args, block_size, chat_template_of, load, log, sampling_of)
+from .common import (
+    add_block_size_args,
+    add_chat_template_args,
+    add_min_confidence_arg,
+    add_pair_args,
+    add_sampling_args,
+    block_size,
+    chat_template_of,
+    load,
+    log,
+    sampling_of,
+)
 
 
 def add_parser(sub):
@@ -23,9 +34,15 @@ def add_parser(sub):
     add_chat_template_args(p)
     add_min_confidence_arg(p)
     add_sampling_args(p)
-    p.add_argument("--oracle", action="store_true", help="also run an oracle draft (the target's own continuation): the ceiling at full acceptance")
+    p.add_argument(
+        "--oracle",
+        action="store_true",
+        help="also run an oracle draft (the target's own continuation): the ceiling at full acceptance",
+    )
     p.add_argument("--sweep", help="comma-separated block sizes to sweep, e.g. 4,8,12,16")
-    p.add_argument("--confidence-sweep", help="comma-separated --min-confidence values to run side by side, e.g. 0,0.2,0.4")
+    p.add_argument(
+        "--confidence-sweep", help="comma-separated --min-confidence values to run side by side, e.g. 0,0.2,0.4"
+    )
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on stdout")
     p.add_argument("--save", help="also write the results JSON to this file")
     p.add_argument("--plot", help="write a plotly chart of the results (.html, or .png if kaleido is installed)")
@@ -53,21 +70,38 @@ def _rounded(value):
 
 def run(args) -> int:
     sweep = _numbers(args.sweep, "--sweep", int, "block sizes") if args.sweep else []
-    levels = (_numbers(args.confidence_sweep, "--confidence-sweep", probability, "probabilities between 0 and 1")
-              if args.confidence_sweep else [])
+    levels = (
+        _numbers(args.confidence_sweep, "--confidence-sweep", probability, "probabilities between 0 and 1")
+        if args.confidence_sweep
+        else []
+    )
     sampling = sampling_of(args)
     if sampling and args.oracle:
         raise DFlashError("--oracle replays greedy decoding: drop it, or use --temperature 0")
     if args.chat_template_args is not None and args.chat_template is False:
         raise DFlashError("--chat-template-args go through the chat template: drop --no-chat-template")
     given = args.prompt is not None or args.prompts is not None
-    prompts = load_prompts(args.prompt, args.prompts) if given else None  # a bad file is reported before the model loads
+    prompts = (
+        load_prompts(args.prompt, args.prompts) if given else None
+    )  # a bad file is reported before the model loads
     pair = load(args)
     chat = chat_template_of(args, pair)
     prompts = prompts or load_prompts(chat=chat)  # the default prompts depend on the pair
-    res = run_benchmark(pair, prompts, args.max_tokens, args.repeat, block_size(args, pair), chat,
-                        args.oracle, sweep, log=log, min_confidence=args.min_confidence,
-                        confidence_sweep=levels, sampling=sampling, template_args=args.chat_template_args)
+    res = run_benchmark(
+        pair,
+        prompts,
+        args.max_tokens,
+        args.repeat,
+        block_size(args, pair),
+        chat,
+        args.oracle,
+        sweep,
+        log=log,
+        min_confidence=args.min_confidence,
+        confidence_sweep=levels,
+        sampling=sampling,
+        template_args=args.chat_template_args,
+    )
     res["config"]["group"] = distributed.describe()  # the processes the target was split across
     if args.save and distributed.primary():
         Path(args.save).write_text(json.dumps(res, indent=2))

@@ -1,5 +1,6 @@
 """Arguments and helpers shared by the commands that load a model pair. Where mlx-lm's own
 commands name an option differently (--draft-model, --num-draft-tokens, -p), its name works too."""
+
 import argparse
 import json
 import sys
@@ -11,24 +12,49 @@ from ..loading import DRAFT_QUANT_BITS, load_pair
 
 
 def add_pair_args(p):
-    p.add_argument("--model", help="target: local mlx-lm dir, hub id, or a shipped pair's name (default: the shipped pair)")
-    p.add_argument("--draft", "--draft-model", dest="draft",
-                   help="DFlash draft: local dir or hub id (default: the registry's draft for --model)")
-    p.add_argument("--draft-quant", type=int, choices=DRAFT_QUANT_BITS, metavar="{4,8}",
-                   help="quantize the draft's linear layers to 4 or 8 bits at load, for memory; the output "
-                        "stays the same, acceptance may change (default: as stored)")
+    p.add_argument(
+        "--model", help="target: local mlx-lm dir, hub id, or a shipped pair's name (default: the shipped pair)"
+    )
+    p.add_argument(
+        "--draft",
+        "--draft-model",
+        dest="draft",
+        help="DFlash draft: local dir or hub id (default: the registry's draft for --model)",
+    )
+    p.add_argument(
+        "--draft-quant",
+        type=int,
+        choices=DRAFT_QUANT_BITS,
+        metavar="{4,8}",
+        help="quantize the draft's linear layers to 4 or 8 bits at load, for memory; the output "
+        "stays the same, acceptance may change (default: as stored)",
+    )
 
 
 def add_chat_template_args(p):
     """One default everywhere: prompts go through the chat template when the model has one (not
     for the stdlib pair, which completes code); thinking stays off unless turned on."""
-    p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
-                   help="wrap prompts in the chat template (default: on for chat models, off for the stdlib pair)")
-    p.add_argument("--ignore-chat-template", dest="chat_template", action="store_false", default=None,
-                   help="mlx-lm's name for --no-chat-template")
-    p.add_argument("--chat-template-args", "--chat-template-config", type=json_object, metavar="JSON",
-                   help="extra arguments for the chat template, e.g. '{\"enable_thinking\": true}' to let a "
-                        "Qwen3 / Qwen3.5 model think first (thinking is off unless turned on here)")
+    p.add_argument(
+        "--chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap prompts in the chat template (default: on for chat models, off for the stdlib pair)",
+    )
+    p.add_argument(
+        "--ignore-chat-template",
+        dest="chat_template",
+        action="store_false",
+        default=None,
+        help="mlx-lm's name for --no-chat-template",
+    )
+    p.add_argument(
+        "--chat-template-args",
+        "--chat-template-config",
+        type=json_object,
+        metavar="JSON",
+        help="extra arguments for the chat template, e.g. '{\"enable_thinking\": true}' to let a "
+        "Qwen3 / Qwen3.5 model think first (thinking is off unless turned on here)",
+    )
 
 
 def chat_template_of(args, pair) -> bool:
@@ -42,8 +68,12 @@ def chat_template_of(args, pair) -> bool:
 def add_block_size_args(p):
     g = p.add_mutually_exclusive_group()
     g.add_argument("--block-size", type=positive_int, help="2 .. the draft's block size (default: the draft's)")
-    g.add_argument("--num-draft-tokens", type=positive_int, metavar="N",
-                   help="mlx-lm's name for the same setting: N draft tokens per cycle = --block-size N+1")
+    g.add_argument(
+        "--num-draft-tokens",
+        type=positive_int,
+        metavar="N",
+        help="mlx-lm's name for the same setting: N draft tokens per cycle = --block-size N+1",
+    )
 
 
 def block_size(args, pair):
@@ -52,8 +82,10 @@ def block_size(args, pair):
     if n is None:
         return args.block_size
     if n >= pair.block_size:
-        raise DFlashError(f"--num-draft-tokens {n} is out of range: use 1..{pair.block_size - 1} "
-                          f"(the draft's block size {pair.block_size} minus 1)")
+        raise DFlashError(
+            f"--num-draft-tokens {n} is out of range: use 1..{pair.block_size - 1} "
+            f"(the draft's block size {pair.block_size} minus 1)"
+        )
     return n + 1
 
 
@@ -64,7 +96,9 @@ def json_object(text: str) -> dict:
     except json.JSONDecodeError as e:
         raise argparse.ArgumentTypeError(f"'{text}' is not valid JSON ({e})") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a JSON object: give one such as '{{\"enable_thinking\": true}}'")
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a JSON object: give one such as '{{\"enable_thinking\": true}}'"
+        )
     return value
 
 
@@ -77,7 +111,8 @@ def load(args):
     progress bars follow on stderr), and a pair near the device's memory is warned about."""
     log(f"loading {args.model or 'the shipped default pair'} ...")
     pair = distributed.loaded_everywhere(
-        lambda: load_pair(args.model, args.draft, draft_quant=args.draft_quant, log=log))
+        lambda: load_pair(args.model, args.draft, draft_quant=args.draft_quant, log=log)
+    )
     if args.draft_quant:
         log(f"draft: {pair.draft_precision()}")
     warning = pair.fit_warning()
@@ -87,15 +122,23 @@ def load(args):
 
 
 def add_min_confidence_arg(p):
-    p.add_argument("--min-confidence", type=probability,
-                   help="verify only the leading draft tokens the draft gives at least this probability "
-                        "(the first always); 0 verifies all B-1 (default: 0.2 on a CPU, 0 on a GPU)")
+    p.add_argument(
+        "--min-confidence",
+        type=probability,
+        help="verify only the leading draft tokens the draft gives at least this probability "
+        "(the first always); 0 verifies all B-1 (default: 0.2 on a CPU, 0 on a GPU)",
+    )
 
 
 def add_sampling_args(p):
-    p.add_argument("--temperature", "--temp", type=temperature, default=0.0,
-                   help="0: greedy decoding (default); above 0: speculative sampling, which draws from the "
-                        "target's own distribution (the same as plain sampling), still accepting draft blocks")
+    p.add_argument(
+        "--temperature",
+        "--temp",
+        type=temperature,
+        default=0.0,
+        help="0: greedy decoding (default); above 0: speculative sampling, which draws from the "
+        "target's own distribution (the same as plain sampling), still accepting draft blocks",
+    )
     p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling with temperature > 0 (default 1: off)")
     p.add_argument("--seed", type=int, help="random seed for sampling: the same seed, the same output on one machine")
 

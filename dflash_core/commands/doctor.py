@@ -1,5 +1,6 @@
 """doctor: what MLX, device, BLAS, memory and Hugging Face cache this machine uses, and the
 process group under mlx.launch."""
+
 import json
 
 from .. import backend, distributed, memory
@@ -15,8 +16,16 @@ def run(args) -> int:
     info = {**backend.describe(), "group": distributed.describe()}
     if args.json:
         m = memory.device_memory()
-        print(json.dumps({**info, "memory_bytes": m["memory"], "working_set_bytes": m["working_set"],
-                          "working_set_source": m["source"]}))
+        print(
+            json.dumps(
+                {
+                    **info,
+                    "memory_bytes": m["memory"],
+                    "working_set_bytes": m["working_set"],
+                    "working_set_source": m["source"],
+                }
+            )
+        )
     else:
         for k, v in {**info, "group": _group_text(info["group"]), **memory.describe()}.items():
             print(f"{k:>12}: {v}")

@@ -1,22 +1,25 @@
 """`models`: the targets with a known draft and what each weighs. Sizes come from the cache for what
 is downloaded, from the hub's file listing for the rest (nothing is downloaded), and are unknown
 offline for what is not in the cache."""
+
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..hub import RepoSize, local_size, size
-from ..loading import SHIPPED
 from ..memory import gb
-from ..registry import known_pairs
+from ..registry import SHIPPED, known_pairs
 
 
 def add_parser(sub):
-    p = sub.add_parser("models", help="list the known target -> draft pairs and their download sizes",
-                       description="List the known target -> draft pairs with their download sizes (from the "
-                                   "Hugging Face cache, else the hub's file listing; HF_HUB_OFFLINE=1 asks only the "
-                                   "cache). Other quantized conversions of a base (e.g. mlx-community/Qwen3-4B-8bit) "
-                                   "resolve to its draft too.")
+    p = sub.add_parser(
+        "models",
+        help="list the known target -> draft pairs and their download sizes",
+        description="List the known target -> draft pairs with their download sizes (from the "
+        "Hugging Face cache, else the hub's file listing; HF_HUB_OFFLINE=1 asks only the "
+        "cache). Other quantized conversions of a base (e.g. mlx-community/Qwen3-4B-8bit) "
+        "resolve to its draft too.",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -40,14 +43,33 @@ def run(args) -> int:
         sizes = dict(zip(repos, pool.map(size, repos)))
     for name, (target, draft) in SHIPPED.items():
         sizes[name], sizes[str(draft)] = _on_disk(target), _on_disk(draft)
-    rows = [{"base": p.base, "target": p.target, "draft": p.draft, "kind": p.kind, "gated": p.gated,
-             "target_size": vars(sizes[p.target]), "draft_size": vars(sizes[p.draft])} for p in pairs]
+    rows = [
+        {
+            "base": p.base,
+            "target": p.target,
+            "draft": p.draft,
+            "kind": p.kind,
+            "gated": p.gated,
+            "target_size": vars(sizes[p.target]),
+            "draft_size": vars(sizes[p.draft]),
+        }
+        for p in pairs
+    ]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     table = [("base", "kind", "target", "target size", "draft", "draft size")]
-    table += [(r["base"], r["kind"] + (" (gated)" if r["gated"] else ""), r["target"], _text(sizes[r["target"]]),
-               r["draft"], _text(sizes[r["draft"]])) for r in rows]
+    table += [
+        (
+            r["base"],
+            r["kind"] + (" (gated)" if r["gated"] else ""),
+            r["target"],
+            _text(sizes[r["target"]]),
+            r["draft"],
+            _text(sizes[r["draft"]]),
+        )
+        for r in rows
+    ]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
     for row in table:
         print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)) + "  " + row[-1])

@@ -1,36 +1,53 @@
 """serve: the OpenAI-compatible API, Prometheus metrics and the playground in one process."""
+
 import socket
 
 from .. import distributed
 from ..argtypes import count, positive_int
 from ..errors import DFlashError
-from ..loading import DEFAULT_PAIR
+from ..registry import DEFAULT_PAIR
 from ..worker import default_worker
 from .common import add_pair_args, load, log
 
 
 def add_parser(sub):
-    p = sub.add_parser("serve", help="serve an OpenAI-compatible API with metrics (and the playground)",
-                       description="One process: POST /v1/chat/completions and /v1/completions (greedy through "
-                                   "DFlash, temperature > 0 by plain sampling), GET /v1/models, /health, "
-                                   "/metrics (Prometheus), /metrics.json, and the playground at /.")
+    p = sub.add_parser(
+        "serve",
+        help="serve an OpenAI-compatible API with metrics (and the playground)",
+        description="One process: POST /v1/chat/completions and /v1/completions (greedy through "
+        "DFlash, temperature > 0 by plain sampling), GET /v1/models, /health, "
+        "/metrics (Prometheus), /metrics.json, and the playground at /.",
+    )
     add_pair_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=positive_int, default=8000, help="default 8000")
     p.add_argument("--no-playground", action="store_true", help="serve the API only, without the UI at /")
-    p.add_argument("--api-key", metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1 (the playground asks for KEY as its password; "
-                        "/health and /metrics stay open)")
-    p.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN",
-                   help="web origins whose pages may call the API from a browser (CORS), e.g. "
-                        "https://app.example.com, or * for any (default: none)")
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1 (the playground asks for KEY as its password; "
+        "/health and /metrics stay open)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        metavar="ORIGIN",
+        help="web origins whose pages may call the API from a browser (CORS), e.g. "
+        "https://app.example.com, or * for any (default: none)",
+    )
     # defaults: the server's own (not imported here: the server's packages load slowly for --help)
-    p.add_argument("--max-tokens", type=positive_int, metavar="N",
-                   help="new tokens for a request that gives no max_tokens (default 256; clipped to the room "
-                        "left in the context)")
-    p.add_argument("--max-queue", type=count, metavar="N",
-                   help="requests that may wait behind the one generating; more are answered 429 with "
-                        "Retry-After (default 64)")
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        metavar="N",
+        help="new tokens for a request that gives no max_tokens (default 256; clipped to the room left in the context)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=count,
+        metavar="N",
+        help="requests that may wait behind the one generating; more are answered 429 with Retry-After (default 64)",
+    )
     p.set_defaults(func=run)
 
 
@@ -61,17 +78,27 @@ def run(args) -> int:
     model_id = args.model or pair.name
     # the playground loads pairs and runs engines of its own accord, which the other ranks of a
     # group could not follow: a group serves the API alone
-    playground = (None if args.no_playground or grouped
-                  else {"model": args.model or DEFAULT_PAIR, "draft": args.draft})
-    log(f"serving {pair.name} as '{model_id}' on http://{args.host}:{args.port} "
+    playground = None if args.no_playground or grouped else {"model": args.model or DEFAULT_PAIR, "draft": args.draft}
+    log(
+        f"serving {pair.name} as '{model_id}' on http://{args.host}:{args.port} "
         "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /metrics.json"
-        + ("" if playground is None else ", the playground at /") + ")"
+        + ("" if playground is None else ", the playground at /")
+        + ")"
         + (" with an API key" if args.api_key else "")
-        + (f"; the target is split across {distributed.size()} processes (no playground)" if grouped else ""))
+        + (f"; the target is split across {distributed.size()} processes (no playground)" if grouped else "")
+    )
     given = {"max_queue": args.max_queue, "max_tokens": args.max_tokens}
     try:
-        serve(pair, model_id, args.host, args.port, playground=playground, api_key=args.api_key,
-              allowed_origins=args.allowed_origins, **{k: v for k, v in given.items() if v is not None})
+        serve(
+            pair,
+            model_id,
+            args.host,
+            args.port,
+            playground=playground,
+            api_key=args.api_key,
+            allowed_origins=args.allowed_origins,
+            **{k: v for k, v in given.items() if v is not None},
+        )
     finally:
         if grouped:
             worker.call(pair.close)

@@ -1,4 +1,5 @@
 """train-draft: train a DFlash draft for an mlx-lm target on the target's own continuations."""
+
 from pathlib import Path
 
 from .. import train_draft

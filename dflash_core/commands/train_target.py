@@ -1,4 +1,5 @@
 """train-target: train a small target model + tokenizer from scratch on the Python stdlib."""
+
 import platform
 import time
 
