@@ -6,20 +6,17 @@ draft's weights, then the target's. An unmatched draft is one error line before 
 
 import json
 import sys
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from . import backend, distributed, hub, memory
 from .draft import QUANT_GROUP, DraftConfig, DraftModel, quantize_draft
-from .engine import baseline_generate, dflash_generate, first_divergence
 from .errors import DFlashError
+from .pair import Pair
 from .registry import CHAT_PAIRS, DEFAULT_PAIR, SHIPPED, SMOLLM2_FETCH, draft_for
 from .target import Target
-from .tokenizer import encode_prompt
 
 DRAFT_QUANT_BITS = (4, 8)
 
@@ -175,183 +172,6 @@ def check_fit(model, draft: DraftModel, num_target_layers: int):
     else:
         vocab, hidden = embed.weight.shape
     _check_dims(draft.config, hidden, vocab, num_target_layers)
-
-
-@dataclass
-class Pair:
-    """A loaded target + draft, ready for generation (used from one MLX thread)."""
-
-    name: str
-    model: object  # the mlx-lm model (for the baseline)
-    tokenizer: object
-    target: Target
-    draft: DraftModel
-    context_length: int
-    chat_default: bool = True  # whether prompts go through the chat template unless told otherwise
-    blas_threads: dict = field(default_factory=dict)  # engine -> BLAS threads, measured at its first run (CPU)
-    draft_dir: Path = None  # where the draft was loaded from (its card and recorded benchmarks)
-    thinking_switch: bool = False  # the chat template has a thinking mode (Qwen3's enable_thinking)
-    draft_quant: int = None  # bits of the draft's quantized linear layers; None: as stored
-    draft_full_precision: list = field(default_factory=list)  # layers MLX could not quantize
-
-    @property
-    def block_size(self) -> int:
-        return self.draft.config.block_size
-
-    def memory(self) -> dict:
-        """Bytes the weights take: {"target": ..., "draft": ...}."""
-
-        def nbytes(module) -> int:
-            return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
-
-        return {"target": nbytes(self.model), "draft": nbytes(self.draft)}
-
-    def fit_warning(self) -> str:
-        """A warning when the loaded pair takes more than 90 % of the device's working set, else ''."""
-        return memory.fit_warning(sum(self.memory().values()), f"the pair {self.name}")
-
-    def draft_precision(self) -> str:
-        """The draft's weights in words, e.g. "4-bit (all 26 linear layers), 118 MB"."""
-        size = memory.gb(self.memory()["draft"])
-        if not self.draft_quant:
-            return f"{self.draft.fc.weight.dtype}".replace("mlx.core.", "") + f", {size}"
-        kept = self.draft_full_precision
-        note = (
-            (
-                f"; {len(kept)} layer(s) whose input size is not a multiple of {QUANT_GROUP} stay full precision "
-                f"({', '.join(kept[:3])}{', ...' if len(kept) > 3 else ''})"
-            )
-            if kept
-            else ""
-        )
-        return f"{self.draft_quant}-bit linear layers{note}, {size}"
-
-    @property
-    def eos_ids(self) -> set:
-        return set(self.tokenizer.eos_token_ids)
-
-    def encode(
-        self, prompt: str, chat_template: bool = True, system_prompt: str = None, template_args: dict = None
-    ) -> list:
-        """`template_args`: extra keyword arguments for the chat template (thinking is off unless
-        they turn it on); they and `system_prompt` apply only where the chat template does."""
-        if not prompt or not prompt.strip():
-            raise DFlashError("the prompt is empty; give some text to continue")
-        ids = encode_prompt(self.tokenizer, prompt, chat_template, system_prompt, template_args)
-        if len(ids) >= self.context_length:
-            raise DFlashError(
-                f"the prompt has {len(ids)} tokens but the model's context is {self.context_length}; shorten it"
-            )
-        return ids
-
-    def check_request(self, prompt_ids: list, max_tokens: int, block_size: int):
-        if not 2 <= block_size <= self.block_size:
-            raise DFlashError(
-                f"block size {block_size} is out of range: use 2..{self.block_size} (the draft's trained block size)"
-            )
-        room = self.context_length - len(prompt_ids)
-        if not 1 <= max_tokens <= room:
-            raise DFlashError(
-                f"max tokens {max_tokens} is out of range: use 1..{room} (context {self.context_length} minus the prompt's {len(prompt_ids)} tokens)"
-            )
-
-    def decode(self, ids: list) -> str:
-        return self.tokenizer.decode(ids)
-
-    def text(self, ids: list) -> str:
-        """What generated tokens read as: without the EOS token that ended the reply."""
-        return self.tokenizer.decode([t for t in ids if t not in self.eos_ids])
-
-    def dflash(
-        self,
-        prompt_ids,
-        max_tokens,
-        block_size=None,
-        should_stop=lambda: False,
-        draft_fn=None,
-        min_confidence=None,
-        sampling=None,
-    ):
-        """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread.
-        min_confidence None: the backend's default (backend.default_min_confidence); sampling
-        None: greedy."""
-        block_size = self.block_size if block_size is None else block_size
-        self.check_request(prompt_ids, max_tokens, block_size)
-        if min_confidence is None:
-            min_confidence = backend.default_min_confidence()
-        return self._run(
-            "dflash",
-            dflash_generate(
-                self.target,
-                self.draft,
-                prompt_ids,
-                max_tokens,
-                block_size,
-                self.eos_ids,
-                should_stop,
-                draft_fn,
-                min_confidence,
-                sampling,
-            ),
-        )
-
-    def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False, sampling=None):
-        """TokenEvents, then a RunSummary: plain decoding via mlx-lm (greedy unless `sampling`)."""
-        self.check_request(prompt_ids, max_tokens, 2)
-        return self._run(
-            "baseline", baseline_generate(self.model, prompt_ids, max_tokens, self.eos_ids, should_stop, sampling)
-        )
-
-    def _run(self, engine: str, events):
-        self._use_fastest_threads(engine)  # when the run starts, not when it is created
-        yield from events
-
-    def _use_fastest_threads(self, engine: str):
-        """Run each engine at the BLAS thread count that decodes fastest with it for this model,
-        measured once by decoding a few tokens on each (a fixed rule is wrong for some model: on 2
-        cores SmolLM2-135M's plain decoding ran 16.7 tok/s on two threads and 14.2 on one, while
-        the small stdlib targets ran faster on one, mlx-lm's loop building the next step while
-        MLX computes this one)."""
-        choices = backend.thread_choices()
-        if len(choices) < 2:
-            return
-        if engine not in self.blas_threads:
-            # in a group every rank takes rank 0's measurement: the copies of the draft must
-            # compute the same bits on every rank
-            self.blas_threads[engine] = distributed.share(self._fastest_threads(engine, choices))
-        backend.set_blas_threads(self.blas_threads[engine])
-
-    def _fastest_threads(self, engine: str, choices: list) -> int:
-        ids = self.tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again.")[:16]
-
-        def seconds() -> float:
-            t = time.perf_counter()
-            if engine == "baseline":
-                runs = baseline_generate(self.model, ids, 8, set())
-            else:
-                runs = dflash_generate(
-                    self.target,
-                    self.draft,
-                    ids,
-                    16,
-                    self.block_size,
-                    set(),
-                    min_confidence=backend.default_min_confidence(),
-                )
-            for _ in runs:
-                pass
-            return time.perf_counter() - t
-
-        seconds()  # warm-up: first-call allocations and kernel set-up
-        times = {n: [] for n in choices}
-        for _ in range(2):  # alternated, so a slow phase of the machine hits both
-            for n in choices:
-                backend.set_blas_threads(n)
-                times[n].append(seconds())
-        return min(choices, key=lambda n: min(times[n]))
-
-    def divergence(self, prompt_ids, ours, reference):
-        return first_divergence(self.model, prompt_ids, ours, reference)
 
 
 @dataclass
