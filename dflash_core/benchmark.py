@@ -29,6 +29,7 @@ def _last(events):
 def run_benchmark(
     pair,
     prompts: list,
+    *,
     max_tokens: int = 256,
     repeat: int = 3,
     block_size: int = None,

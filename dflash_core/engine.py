@@ -45,6 +45,7 @@ def dflash_generate(
     target: Target,
     draft: DraftModel,
     prompt_ids: list,
+    *,
     max_tokens: int,
     block_size: int,
     eos_ids: set,
@@ -159,6 +160,7 @@ def dflash_generate(
 def baseline_generate(
     model,
     prompt_ids: list,
+    *,
     max_tokens: int,
     eos_ids: set,
     should_stop: Callable[[], bool] = lambda: False,

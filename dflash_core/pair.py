@@ -122,13 +122,13 @@ class Pair:
                 self.target,
                 self.draft,
                 prompt_ids,
-                max_tokens,
-                block_size,
-                self.eos_ids,
-                should_stop,
-                draft_fn,
-                min_confidence,
-                sampling,
+                max_tokens=max_tokens,
+                block_size=block_size,
+                eos_ids=self.eos_ids,
+                should_stop=should_stop,
+                draft_fn=draft_fn,
+                min_confidence=min_confidence,
+                sampling=sampling,
             ),
         )
 
@@ -136,7 +136,15 @@ class Pair:
         """TokenEvents, then a RunSummary: plain decoding via mlx-lm (greedy unless `sampling`)."""
         self.check_request(prompt_ids, max_tokens, 2)
         return self._run(
-            "baseline", baseline_generate(self.model, prompt_ids, max_tokens, self.eos_ids, should_stop, sampling)
+            "baseline",
+            baseline_generate(
+                self.model,
+                prompt_ids,
+                max_tokens=max_tokens,
+                eos_ids=self.eos_ids,
+                should_stop=should_stop,
+                sampling=sampling,
+            ),
         )
 
     def _run(self, engine: str, events):
@@ -164,15 +172,15 @@ class Pair:
         def seconds() -> float:
             t = time.perf_counter()
             if engine == "baseline":
-                runs = baseline_generate(self.model, ids, 8, set())
+                runs = baseline_generate(self.model, ids, max_tokens=8, eos_ids=set())
             else:
                 runs = dflash_generate(
                     self.target,
                     self.draft,
                     ids,
-                    16,
-                    self.block_size,
-                    set(),
+                    max_tokens=16,
+                    block_size=self.block_size,
+                    eos_ids=set(),
                     min_confidence=backend.default_min_confidence(),
                 )
             for _ in runs:

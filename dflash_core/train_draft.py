@@ -160,7 +160,7 @@ def decode_batch(model, prompts: list, max_new: int, eos: list, sampler=None) ->
 
 def greedy(model, prompt: list, max_new: int, eos: set) -> list:
     """Plain greedy continuation (the engine's baseline), with the EOS it stopped at."""
-    *_, run = baseline_generate(model, prompt, max_new, eos)
+    *_, run = baseline_generate(model, prompt, max_tokens=max_new, eos_ids=eos)
     return run.tokens
 
 
@@ -326,7 +326,9 @@ def tokens_per_cycle(target: Target, draft: DraftModel, prompts: list, max_new: 
     """Mean tokens per cycle of the real engine loop over the prompts (committed / cycles)."""
     tokens = cycles = 0
     for ids in prompts:
-        *_, summary = dflash_generate(target, draft, ids, max_new, draft.config.block_size, eos)
+        *_, summary = dflash_generate(
+            target, draft, ids, max_tokens=max_new, block_size=draft.config.block_size, eos_ids=eos
+        )
         tokens += len(summary.tokens)
         cycles += summary.cycles
     return tokens / max(cycles, 1)

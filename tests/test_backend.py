@@ -88,9 +88,9 @@ def test_the_faster_thread_count_is_chosen(random_pairs, monkeypatch):
     """The choice follows the measurement, whichever count it favours."""
     from dataclasses import replace
 
-    from dflash_core import loading
+    from dflash_core import pair as pair_module
 
-    real = loading.dflash_generate
+    real = pair_module.dflash_generate
     for fast in backend.thread_choices():
 
         def slowed_unless_fast(*args, **kwargs):
@@ -98,7 +98,7 @@ def test_the_faster_thread_count_is_chosen(random_pairs, monkeypatch):
                 time.sleep(0.3)  # far above the noise of a loaded machine
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(loading, "dflash_generate", slowed_unless_fast)
+        monkeypatch.setattr(pair_module, "dflash_generate", slowed_unless_fast)
         pair = replace(random_pairs["qwen3"], blas_threads={})
         list(pair.dflash(pair.encode("x"), 4))
         assert pair.blas_threads["dflash"] == fast

@@ -116,8 +116,8 @@ def test_stops_at_eos_like_baseline(random_pairs, family):
     eos = {free.tokens[12]}
     from dflash_core.engine import baseline_generate, dflash_generate
 
-    _, base = run(baseline_generate(pair.model, ids, 30, eos))
-    _, ours = run(dflash_generate(pair.target, pair.draft, ids, 30, 16, eos))
+    _, base = run(baseline_generate(pair.model, ids, max_tokens=30, eos_ids=eos))
+    _, ours = run(dflash_generate(pair.target, pair.draft, ids, max_tokens=30, block_size=16, eos_ids=eos))
     assert base.stop_reason == ours.stop_reason == "eos"
     assert ours.tokens == base.tokens and ours.tokens[-1] in eos
 
