@@ -15,7 +15,6 @@ import gradio as gr
 from dflash_core.backend import default_min_confidence
 from dflash_core.benchmark import recorded_figure
 from dflash_core.errors import DFlashError
-from dflash_core.events import CycleTally
 from dflash_core.memory import device_memory, gb
 from dflash_core.registry import ASSETS as SHIPPED_DIR
 from dflash_core.sampling import Sampling
@@ -395,7 +394,7 @@ class RunView:
                 n,
                 now - run.stage_started,
                 (n - 1) / last.t if last.t else 0.0,
-                render.dflash_extra(CycleTally.of(run.cycles)),
+                render.dflash_extra(run.tally),
                 status="running",
             )
         else:

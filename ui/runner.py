@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from dflash_core.events import Divergence, RunSummary, lossless_verdict, to_dict
+from dflash_core.events import CycleTally, Divergence, RunSummary, lossless_verdict, to_dict
 from dflash_core.sampling import Sampling
 
 
@@ -27,6 +27,7 @@ class Comparison:
     baseline: list = field(default_factory=list)  # TokenEvents
     baseline_summary: RunSummary = None
     cycles: list = field(default_factory=list)  # CycleEvents
+    tally: CycleTally = None  # the cycles' running statistics, kept as they arrive
     dflash_summary: RunSummary = None
     verdict: str = "pending"  # identical | diverged | partial | pending | sampled
     divergence: Divergence = None
@@ -91,6 +92,8 @@ def _run_stage(worker, run: Comparison, stage: str, make_iter, user_stop: thread
             setattr(run, f"{stage}_summary", ev)
         else:
             events.append(ev)
+            if stage == "dflash":
+                run.tally = (run.tally or CycleTally(ev.block_size)).add(ev)
         yield run
 
 
