@@ -26,6 +26,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
+from mlx_lm.sample_utils import make_sampler
 
 from .argtypes import count, positive_int, probability
 from .backend import DTYPES
@@ -92,17 +93,19 @@ def prompt_texts(data: str, seed: int, n: int) -> tuple:
     return prompts[n_eval : n_eval + n], prompts[:n_eval]
 
 
-def regenerate(model, tokenizer, prompts: list, max_new: int, batch: int, log=print) -> list:
-    """The target's own greedy continuations (token ids), in the prompts' order: a row that stopped
-    ends with one EOS (the tokenizer's first), any other has max_new tokens."""
+def regenerate(model, tokenizer, prompts: list, max_new: int, batch: int, log=print, temperature: float = 0.0) -> list:
+    """The target's own continuations (token ids; greedy, or sampled at `temperature` > 0), in the
+    prompts' order: a row that stopped ends with one EOS (the tokenizer's first), any other has
+    max_new tokens."""
     eos = list(tokenizer.eos_token_ids)
+    sampler = make_sampler(temperature) if temperature > 0 else None
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together: less padding
     out = [None] * len(prompts)
     t0, s = time.time(), 0
     while s < len(order):
         idx = order[s : s + batch]
         try:
-            rows = decode_batch(model, [prompts[i] for i in idx], max_new, eos)
+            rows = decode_batch(model, [prompts[i] for i in idx], max_new, eos, sampler)
         except RuntimeError as e:
             # MLX CUDA 0.32 refused 1,200 qwen3_5 rows at once (a CUDA-graph error) and ran 8: halve and go on
             if batch == 1:
@@ -378,7 +381,7 @@ def training_data(args, model, tokenizer, log=print) -> tuple:
     chat = [rng.random() < chat_fraction for _ in texts]
     prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens :] for t, c in zip(texts, chat)]
     prompts = [list(p) for p in dict.fromkeys(map(tuple, prompts))]  # drawn twice: generated and trained once
-    responses = regenerate(model, tokenizer, prompts, args.response_tokens, args.gen_batch, log)
+    responses = regenerate(model, tokenizer, prompts, args.response_tokens, args.gen_batch, log, args.reply_temperature)
     if cache:  # written whole, then renamed: a concurrent run may be waiting for it
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".partial")
@@ -686,6 +689,13 @@ def add_arguments(p):
         type=probability,
         default=0.0,
         help="share of prompts whose own names are swapped for others (code the target never saw)",
+    )
+    p.add_argument(
+        "--reply-temperature",
+        type=float,
+        default=0.0,
+        help="regenerate the target's replies by sampling at this temperature (0: greedy); "
+        "sampled replies teach the draft the target's spread, for speculative sampling",
     )
     p.add_argument("--max-prompt-tokens", type=positive_int, default=256)
     p.add_argument("--response-tokens", type=positive_int, default=256)

@@ -4,18 +4,25 @@
 # the hand-written held-out requests (assets/prompts/chat_heldout.json), never trained on.
 # A log of the stages that were run, not a way to get the same weights: --minutes schedules each
 # stage by wall-clock, so another machine or day trains other numbers of steps.
-#   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh data SEED N   # the target's replies to N requests
+#   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh data SEED N [OWN [T]]  # the target's replies to N requests
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage1 MINUTES
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage2 MINUTES   # resumes the shipped draft
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage3 MINUTES   # resumes it again, distilling
+#   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage4 MINUTES   # the same, with sampled replies (data ... 0.7) added
 set -euo pipefail
 GGUF=${GGUF:-assets/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf}
 WORK=${WORK:-runs/smollm2}
 PY=${PYTHON:-python3}
-td() { $PY -m dflash_core.commands.train_draft --target "$GGUF" "$@"; }
+td() { $PY -m dflash_core.commands.train_draft --target "$GGUF" stage4() {  # minutes: as stage 3, on data that includes replies sampled at temperature 0.7
+  td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft \
+    --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" --lr 3e-4 \
+    --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 3
+}
 
-data() {  # seed, number of requests [, share the target writes itself; the rest from templates]
-  td --data chat --num-prompts "$2" --own-prompts "${3:-0.8}" --seed "$1" --data-only --out "$WORK/unused" \
+"$@"; }
+
+data() {  # seed, number of requests [, share the target writes itself (the rest from templates) [, reply temperature]]
+  td --data chat --num-prompts "$2" --own-prompts "${3:-0.8}" --reply-temperature "${4:-0}" --seed "$1" --data-only --out "$WORK/unused" \
     --data-cache "$WORK/data/chat-s$1.json" --gen-batch 1024 --response-tokens 256
 }
 
@@ -35,6 +42,12 @@ stage3() {  # minutes: the shipped draft, half of the loss on the target's whole
   td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft \
     --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" --lr 3e-4 \
     --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 2
+}
+
+stage4() {  # minutes: as stage 3, on data that includes replies sampled at temperature 0.7
+  td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft \
+    --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" --lr 3e-4 \
+    --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 3
 }
 
 "$@"

@@ -292,6 +292,21 @@ def test_regenerate_halves_batches_that_mlx_refuses(random_dirs, monkeypatch):
         regenerate(model, tokenizer, prompts, 12, 8, log=lambda _: None)
 
 
+def test_regenerate_samples_replies_at_a_temperature(random_dirs):
+    """--reply-temperature: replies drawn from the target's distribution (same seed, same rows;
+    not the greedy rows), each row still cut after its first EOS."""
+    model, tokenizer = load_frozen_target(str(random_dirs["qwen3"][0]))
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    greedy_rows = regenerate(model, tokenizer, prompts, 12, 8, log=lambda _: None)
+    sampled = []
+    for _ in range(2):
+        mx.random.seed(7)
+        sampled.append(regenerate(model, tokenizer, prompts, 12, 8, log=lambda _: None, temperature=1.0))
+    assert sampled[0] == sampled[1] and sampled[0] != greedy_rows
+    eos = set(tokenizer.eos_token_ids)
+    assert all(t not in eos for row in sampled[0] for t in row[:-1])
+
+
 def test_train_draft_bad_input_is_one_error_line(tmp_path, capsys, random_dirs):
     assert main(["train-draft", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
