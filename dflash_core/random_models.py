@@ -91,10 +91,14 @@ def write_draft(
     return out
 
 
-def write_pair(root: Path, family: str, seed: int = 0, **draft_kw):
+def write_pair(root: Path, family: str, seed: int = 0, shape: str = "tiny"):
+    """(target dir, draft dir): a random target of SHAPES[shape] and its draft, written to
+    root/{family}-target and root/{family}-draft."""
+    shape = dict(SHAPES[shape])
+    draft_layers = shape.pop("draft_layers", 2)
     root = Path(root)
-    target = write_target(root / f"{family}-target", family, seed=seed)
-    draft = write_draft(root / f"{family}-draft", target, seed=seed + 1, **draft_kw)
+    target = write_target(root / f"{family}-target", family, seed=seed, **shape)
+    draft = write_draft(root / f"{family}-draft", target, layers=draft_layers, seed=seed + 1)
     return target, draft
 
 
@@ -109,11 +113,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=random.randrange(1 << 30))
     p.add_argument("--shape", choices=SHAPES, default="tiny", help="tiny, or a real model's dimensions")
     a = p.parse_args(argv)
-    shape = dict(SHAPES[a.shape])
-    draft_layers = shape.pop("draft_layers", 2)
-    root = Path(a.out)
-    t = write_target(root / f"{a.family}-target", a.family, seed=a.seed, **shape)
-    d = write_draft(root / f"{a.family}-draft", t, layers=draft_layers, seed=a.seed + 1)
+    t, d = write_pair(a.out, a.family, a.seed, a.shape)
     print(f"target: {t}\ndraft:  {d}")
 
 

@@ -14,8 +14,8 @@ hangs up (streamed or not) has its run cancelled at the next cycle, and a stream
 leaves more than `stream_buffer` pieces of text unread is cut off. Metrics are fed only from the
 engine's own events: CycleEvents while a request runs, its RunSummary at the end.
 
-With an API key the /v1 routes want it as a Bearer token and the playground asks for it as its
-password; /health, /metrics and /metrics.json stay open for monitors.
+With an API key the /v1 routes want it as a Bearer token; /health, /metrics and /metrics.json stay
+open for monitors.
 """
 
 import asyncio
@@ -23,7 +23,6 @@ import collections
 import json
 import math
 import secrets
-import sys
 import threading
 import time
 import uuid
@@ -573,16 +572,14 @@ def create_app(
     pair,
     model_id: str = None,
     worker=None,
-    playground: dict = None,
     api_key: str = None,
     allowed_origins: list = None,
     max_queue: int = MAX_QUEUE,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     stream_buffer: int = STREAM_BUFFER,
 ) -> FastAPI:
-    """The API; with `playground` (build_app's model/draft, e.g. {"model": None, "draft": None}
-    for the shipped default) also the Gradio playground at /, when the `ui` package is present.
-    api_key: wanted as a Bearer token on /v1 (and as the playground's password). allowed_origins:
+    """The API, its health check and metrics; app.state.server is the Server behind them, for
+    whatever a caller mounts beside them. api_key: wanted as a Bearer token on /v1. allowed_origins:
     the web origins whose pages may call the API (CORS). max_queue: requests that may wait behind
     the one generating. max_tokens: the default for requests that give none. stream_buffer: the
     pieces of text a streaming client may leave unread before it is cut off."""
@@ -769,40 +766,11 @@ def create_app(
     async def metrics_json():
         return server.metrics.snapshot()
 
-    if playground is not None:
-        app.state.playground = mount_playground(app, server, **playground)
     return app
 
 
-def mount_playground(app: FastAPI, server: Server, model: str = None, draft: str = None) -> bool:
-    """Mount the Gradio playground at / when the `ui` package is present, offering the served
-    pair (model/draft as given to `serve`) first, already loaded. The API routes keep priority
-    (they were added first). A playground that cannot be built leaves the API running. With an
-    API key the playground asks for it as the password (any user name)."""
-    try:
-        import gradio as gr
-
-        from .layout import playground_package
-
-        build_app = playground_package().build_app
-    except ImportError:
-        return False
-    try:
-        blocks, launch_kwargs = build_app(model, draft, worker=server.worker, pair=server.pair)
-    except DFlashError as e:
-        print(f"warning: the playground is not served: {e}", file=sys.stderr)
-        return False
-    if server.api_key is not None:
-        launch_kwargs["auth"] = lambda user, password: secrets.compare_digest(
-            password.encode(), server.api_key.encode()
-        )
-    gr.mount_gradio_app(app, blocks, path="/", **launch_kwargs)
-    return True
-
-
-def serve(pair, model_id: str, host: str = "127.0.0.1", port: int = 8000, playground: dict = None, **options):
-    """Serve until interrupted; options: create_app's api_key, allowed_origins, max_queue, max_tokens."""
+def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000):
+    """Serve an app from create_app (with whatever its caller mounted beside the API) until interrupted."""
     import uvicorn
 
-    app = create_app(pair, model_id, playground=playground, **options)
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -203,9 +203,6 @@ class Target:
                 rollback_kv(c, fed - kept)
         self._tapes = None
 
-    def cache_state(self):
-        return [c.state for c in self.cache]
-
     def gdn_state(self):
         """What rollback recomputes (attention rollback is only an offset change)."""
         return [self.cache[i].cache for i, _, _ in self.gdn_layers]

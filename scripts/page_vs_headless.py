@@ -26,6 +26,7 @@ from dflash_core.loading import load_pair  # noqa: E402
 from dflash_core.registry import DEFAULT_PAIR  # noqa: E402
 from dflash_core.worker import default_worker  # noqa: E402
 from ui import build_app  # noqa: E402
+from ui.headless import launch as launch_chromium  # noqa: E402
 
 
 def free_port() -> int:
@@ -47,18 +48,6 @@ def through_page(client, key, prompt, max_tokens, chat, min_confidence) -> dict:
     run = json.loads(Path(export).read_text())
     assert run["lossless"]["verdict"] == "identical", run["lossless"]
     return {engine: run[engine]["summary"]["decode_tps"] for engine in ("baseline", "dflash")}
-
-
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def through_browser(page, url, prompt, max_tokens, chat, min_confidence) -> dict:
@@ -98,7 +87,7 @@ def main():
         from playwright.sync_api import sync_playwright
 
         playwright = sync_playwright().start()
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        browser = launch_chromium(playwright)
         page = browser.new_page(viewport={"width": 1360, "height": 900})
         on_page = lambda: through_browser(page, url, a.prompt, a.max_tokens, a.chat, a.min_confidence)
     else:

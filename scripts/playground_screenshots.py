@@ -17,17 +17,7 @@ from playwright.sync_api import expect, sync_playwright  # noqa: E402
 import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
 from ui import build_app  # noqa: E402
 from ui.app import example_prompts  # noqa: E402
-
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from ui.headless import launch as launch_chromium  # noqa: E402
 
 
 def main():
@@ -48,7 +38,7 @@ def main():
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **kwargs)
     url = f"http://127.0.0.1:{port}/?max_tokens={a.max_tokens}"
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        browser = launch_chromium(pw)
         for theme in ("light", "dark"):
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             page.goto(f"{url}&__theme={theme}")

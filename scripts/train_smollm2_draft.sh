@@ -13,13 +13,7 @@ set -euo pipefail
 GGUF=${GGUF:-assets/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf}
 WORK=${WORK:-runs/smollm2}
 PY=${PYTHON:-python3}
-td() { $PY -m dflash_core.commands.train_draft --target "$GGUF" stage4() {  # minutes: as stage 3, on data that includes replies sampled at temperature 0.7
-  td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft \
-    --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" --lr 3e-4 \
-    --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 3
-}
-
-"$@"; }
+td() { $PY -m dflash_core.commands.train_draft --target "$GGUF" "$@"; }
 
 data() {  # seed, number of requests [, share the target writes itself (the rest from templates) [, reply temperature]]
   td --data chat --num-prompts "$2" --own-prompts "${3:-0.8}" --reply-temperature "${4:-0}" --seed "$1" --data-only --out "$WORK/unused" \
@@ -42,6 +36,12 @@ stage3() {  # minutes: the shipped draft, half of the loss on the target's whole
   td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft \
     --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" --lr 3e-4 \
     --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 2
+}
+
+stage4() {  # minutes: as stage 3, on data that includes replies sampled at temperature 0.7
+  td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft \
+    --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" --lr 3e-4 \
+    --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 3
 }
 
 stage4() {  # minutes: as stage 3, on data that includes replies sampled at temperature 0.7

@@ -31,6 +31,7 @@ def test_dtype_override_sets_the_compute_dtype(monkeypatch, random_dirs):
     assert backend.compute_dtype() == mx.float32  # this CPU's default
 
 
+@pytest.mark.slow
 def test_bad_dtype_is_one_error_line(random_dirs):
     target, draft = random_dirs["qwen3"]
     env = {**os.environ, "DFLASH_DTYPE": "float64"}
@@ -84,6 +85,7 @@ def test_each_engine_runs_on_the_blas_thread_count_measured_fastest(random_pairs
     assert threads() == pair.blas_threads["dflash"] and run.tokens
 
 
+@pytest.mark.slow
 def test_the_faster_thread_count_is_chosen(random_pairs, monkeypatch):
     """The choice follows the measurement, whichever count it favours."""
     from dataclasses import replace

@@ -2,10 +2,13 @@
 
 import statistics
 
+import pytest
+
 import dflash_core  # noqa: F401  (system BLAS before MLX)
 from dflash_core.benchmark import run_benchmark
 
 
+@pytest.mark.slow
 def test_confidence_sweep_runs_side_by_side_and_keeps_the_main_figures_apart(random_pairs):
     res = run_benchmark(
         random_pairs["qwen3"],

@@ -4,6 +4,8 @@ the held-out evaluation requests."""
 import json
 import random
 
+import pytest
+
 import dflash_core  # noqa: F401  (system BLAS before MLX)
 from dflash_core.chat_prompts import HELDOUT, MIX, chat_prompts, template_prompts, user_turn_prefix
 from dflash_core.registry import DEFAULT_PAIR, SHIPPED
@@ -24,6 +26,7 @@ def test_template_prompts_are_distinct_filled_requests_of_every_kind():
     assert template_prompts(600, random.Random(0)) == prompts  # seeded
 
 
+@pytest.mark.slow
 def test_own_prompts_come_from_an_empty_user_turn_and_skip_the_heldout_set():
     model, tokenizer = load_frozen_target(str(SHIPPED[DEFAULT_PAIR][0]))
     prefix = user_turn_prefix(tokenizer)

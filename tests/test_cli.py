@@ -318,6 +318,7 @@ def test_playground_host_and_port_from_gradio_environment(monkeypatch, capsys):
         playground.parse_args([])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flag, value, problem",
     [
@@ -334,6 +335,7 @@ def test_playground_numeric_flags_are_checked(flag, value, problem):
     assert bad.stderr.splitlines() == [f"error: argument {flag}: {problem} (see `python app.py --help`)"]
 
 
+@pytest.mark.slow
 def test_app_serves_on_the_port_gradio_server_port_names(qwen3):
     t, d = qwen3
     port = free_port()

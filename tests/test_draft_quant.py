@@ -50,6 +50,7 @@ def pinned(tmp_path_factory):
     return str(target), str(draft)
 
 
+@pytest.mark.slow
 def test_a_quantized_draft_that_is_accepted_stays_lossless(pinned):
     full = lossless(load_pair(*pinned), max_tokens=48)
     quantized = lossless(load_pair(*pinned, draft_quant=4), max_tokens=48)

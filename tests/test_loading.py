@@ -166,6 +166,7 @@ def test_chat_template_is_applied(random_pairs):
     assert "<|im_start|>assistant" in pair.decode(chat)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cli_generate_matches_mlx_lm_greedy(tmp_path, family):
     """The issue's must-show, on unseen random models: the CLI's JSON tokens equal mlx-lm's own

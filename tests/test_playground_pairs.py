@@ -39,7 +39,7 @@ def cli_json(capsys, *argv) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("pair_of", ["stdlib-hybrid", "random-qwen3"])
+@pytest.mark.parametrize("pair_of", [pytest.param("stdlib-hybrid", marks=pytest.mark.slow), "random-qwen3"])
 def test_generate_benchmark_and_the_page_share_one_chat_template_default(pair_of, random_dirs, capsys):
     """The stdlib pair completes code (template off by default), a chat model gets its template:
     the same in generate, benchmark and the page's checkbox."""
@@ -104,6 +104,7 @@ def finished_run(play, **settings) -> dict:
     return json.loads(sorted(play.export_dir.glob("dflash-run-*.json"))[-1].read_text())
 
 
+@pytest.mark.slow
 def test_the_pages_thinking_switch_and_draft_precision(page, thinking_dirs):
     key = page.catalogue.default_key()
     *_, thinking = page.select_model(key, 16, 32, **NO_PROGRESS)

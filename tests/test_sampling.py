@@ -96,10 +96,12 @@ def markov_statistic(seed: int) -> float:
     return stat / CHI2_999[dof]
 
 
+@pytest.mark.slow
 def test_accepted_tokens_have_the_targets_distribution():
     assert markov_statistic(seed=3) < 1.0
 
 
+@pytest.mark.slow
 def test_the_test_catches_a_wrong_resample(monkeypatch):
     """Power: resampling a rejected position from p instead of the residual over-weights what the
     draft proposed; the same test must reject it."""
@@ -142,6 +144,7 @@ def target_two_tokens(pair, ids, s: Sampling) -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "temperature,top_p,draft",
     [(1.0, 1.0, "greedy-continuation"), (0.7, 0.9, "greedy-continuation"), (1.0, 1.0, "model")],
@@ -204,6 +207,7 @@ def test_probabilities_are_mlx_lms_sampler(random_pairs):
 # --- the command line ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_generate_with_a_seed_is_repeatable_and_reports_acceptance(random_dirs):
     import json
     import subprocess

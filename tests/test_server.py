@@ -366,8 +366,10 @@ def test_serve_command_must_show(served):
 def test_playground_is_mounted_beside_the_api(served):
     from fastapi.testclient import TestClient
 
+    from dflash_core.commands.serve import serving_app
+
     s = served
-    app = create_app(s.pair, MODEL, playground={"model": str(s.target), "draft": str(s.draft)})
+    app = serving_app(s.pair, MODEL, playground={"model": str(s.target), "draft": str(s.draft)})
     assert app.state.playground
     with TestClient(app) as c:
         page = c.get("/")

@@ -1,7 +1,7 @@
 """`serve`'s options and the request checks around them, in process (TestClient) on test_server's
 pinned random pair: max_completion_tokens, the --max-tokens default, --api-key, --allowed-origins,
-mlx-lm's wired limit around generation, the flags themselves, and a target whose architecture
-DFlash cannot serve."""
+mlx-lm's wired limit around generation, the flags themselves, the playground the command mounts
+beside the API, and a target whose architecture DFlash cannot serve."""
 
 import contextlib
 import threading
@@ -16,6 +16,7 @@ from ui_pair import free_port, pinned_random_pair
 import dflash_core  # noqa: F401  (system BLAS before MLX)
 from dflash_core import server as server_module
 from dflash_core.cli import main
+from dflash_core.commands.serve import serving_app
 from dflash_core.worker import default_worker
 
 pytestmark = pytest.mark.slow
@@ -136,8 +137,12 @@ def test_generation_runs_inside_mlx_lms_wired_limit(pinned, monkeypatch):
 
 
 def test_serve_flags_reach_the_server(pinned, monkeypatch, capsys):
-    given = {}
-    monkeypatch.setattr(server_module, "serve", lambda *args, **kwargs: given.update(kwargs))
+    given, served = {}, []
+    create_app = server_module.create_app
+    monkeypatch.setattr(
+        server_module, "create_app", lambda *args, **kwargs: given.update(kwargs) or create_app(*args, **kwargs)
+    )
+    monkeypatch.setattr(server_module, "serve", lambda app, *args: served.append(app))
     pair_args = ["--model", str(pinned.target), "--draft", str(pinned.draft), "--port", str(free_port())]
     assert (
         main(
@@ -159,15 +164,16 @@ def test_serve_flags_reach_the_server(pinned, monkeypatch, capsys):
         == 0
     )
     assert given == {
-        "playground": None,
         "api_key": KEY,
         "allowed_origins": ["https://a.example", "*"],
         "max_tokens": 9,
         "max_queue": 0,
     }
+    assert served[-1].state.playground is False
     given.clear()
     assert main(["serve", *pair_args, "--no-playground"]) == 0
-    assert given == {"playground": None, "api_key": None, "allowed_origins": None}  # the server's defaults apply
+    assert given == {"api_key": None, "allowed_origins": None}  # the server's defaults apply
+    assert served[-1].state.playground is False
     for bad in (["--max-queue", "-1"], ["--max-tokens", "0"], ["--max-tokens", "many"]):
         capsys.readouterr()
         assert main(["serve", *pair_args, *bad]) == 2
@@ -212,8 +218,8 @@ def test_the_playground_shows_an_unsupported_architecture_as_a_message(pinned, m
 
 def test_the_playground_asks_for_the_api_key(pinned):
     """With an API key the mounted playground is no way around it: it wants the key as password."""
-    app = server_module.create_app(
-        pinned.pair, MODEL, api_key=KEY, playground={"model": str(pinned.target), "draft": str(pinned.draft)}
+    app = serving_app(
+        pinned.pair, MODEL, playground={"model": str(pinned.target), "draft": str(pinned.draft)}, api_key=KEY
     )
     assert app.state.playground
     with TestClient(app) as c:
@@ -221,3 +227,22 @@ def test_the_playground_asks_for_the_api_key(pinned):
         assert c.post("/login", data={"username": "anyone", "password": "wrong"}).status_code == 400
         assert c.post("/login", data={"username": "anyone", "password": KEY}).status_code == 200
         assert c.get("/config").status_code == 200
+
+
+def test_a_playground_that_cannot_be_built_leaves_the_api_running(pinned, monkeypatch, capsys):
+    """One warning line, no playground at /, and the API answers as without one."""
+    from types import SimpleNamespace
+
+    from dflash_core import layout
+    from dflash_core.errors import DFlashError
+
+    def build_app(*args, **kwargs):
+        raise DFlashError("no model pair to serve")
+
+    monkeypatch.setattr(layout, "playground_package", lambda: SimpleNamespace(build_app=build_app))
+    app = serving_app(pinned.pair, MODEL, playground={"model": None, "draft": None})
+    assert app.state.playground is False
+    assert capsys.readouterr().err == "warning: the playground is not served: no model pair to serve\n"
+    with TestClient(app) as c:
+        assert c.get("/").status_code == 404
+        assert c.get("/v1/models").json()["data"][0]["id"] == MODEL

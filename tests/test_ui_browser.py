@@ -7,25 +7,17 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 from ui_pair import MAX_TOKENS, PROMPT
 
+from ui import headless
+
 pytestmark = pytest.mark.slow
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture(scope="module")
 def page():
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        browser = headless.launch(p)
         page = browser.new_page(viewport={"width": 1440, "height": 1000})
         yield page
         browser.close()

@@ -1,6 +1,10 @@
-"""serve: the OpenAI-compatible API, Prometheus metrics and the playground in one process."""
+"""serve: the OpenAI-compatible API, Prometheus metrics and the playground in one process. The
+core server (dflash_core.server) builds the API alone; this command mounts the playground beside
+it, so that the server stays usable without the UI."""
 
+import secrets
 import socket
+import sys
 
 from .. import distributed
 from ..argtypes import count, positive_int
@@ -62,6 +66,44 @@ def _check_port(host: str, port: int):
         raise DFlashError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port or --host") from None
 
 
+def mount_playground(app, model: str = None, draft: str = None) -> bool:
+    """Mount the Gradio playground at / of an app from server.create_app when the `ui` package is
+    present, offering the served pair (model/draft as given to `serve`) first, already loaded. The
+    API routes keep priority (they were added first). A playground that cannot be built leaves the
+    API running. With an API key the playground asks for it as the password (any user name)."""
+    server = app.state.server
+    try:
+        import gradio as gr
+
+        from ..layout import playground_package
+
+        build_app = playground_package().build_app
+    except ImportError:
+        return False
+    try:
+        blocks, launch_kwargs = build_app(model, draft, worker=server.worker, pair=server.pair)
+    except DFlashError as e:
+        print(f"warning: the playground is not served: {e}", file=sys.stderr)
+        return False
+    if server.api_key is not None:
+        launch_kwargs["auth"] = lambda user, password: secrets.compare_digest(
+            password.encode(), server.api_key.encode()
+        )
+    gr.mount_gradio_app(app, blocks, path="/", **launch_kwargs)
+    return True
+
+
+def serving_app(pair, model_id: str, playground: dict = None, **options):
+    """The app `serve` serves: server.create_app(**options), with the playground at / when
+    `playground` gives build_app's model/draft (e.g. {"model": None, "draft": None} for the shipped
+    default). app.state.playground says whether the playground is mounted."""
+    from ..server import create_app
+
+    app = create_app(pair, model_id, **options)
+    app.state.playground = playground is not None and mount_playground(app, **playground)
+    return app
+
+
 def run(args) -> int:
     from ..server import serve
 
@@ -89,16 +131,15 @@ def run(args) -> int:
     )
     given = {"max_queue": args.max_queue, "max_tokens": args.max_tokens}
     try:
-        serve(
+        app = serving_app(
             pair,
             model_id,
-            args.host,
-            args.port,
-            playground=playground,
+            playground,
             api_key=args.api_key,
             allowed_origins=args.allowed_origins,
             **{k: v for k, v in given.items() if v is not None},
         )
+        serve(app, args.host, args.port)
     finally:
         if grouped:
             worker.call(pair.close)
