@@ -157,10 +157,6 @@ def test_cancel_stops_within_a_cycle(random_pairs):
             assert ev.stop_reason == "cancelled" and ev.cycles == 4
 
 
-def _states(cache):
-    return [np.array(x) for c in cache for x in (c.state if isinstance(c.state, list) else c.state) if x is not None]
-
-
 @pytest.mark.parametrize("kept", [1, 3, 8])
 def test_rollback_equals_running_only_the_accepted_tokens(random_pairs, kept):
     """After verify(8 tokens) + rollback(kept), every cache (GatedDeltaNet conv and recurrent state,

@@ -164,7 +164,7 @@ def test_pieces_join_to_the_decoded_text_across_split_characters():
         return bytes(ids).decode("utf-8", errors="replace")
 
     ids = list("aé€b".encode())
-    pieces = render.token_pieces(decode, ids)
+    pieces = render.Pieces(decode).add(ids)
     assert "".join(pieces) == "aé€b" and pieces[:3] == ["a", "", "é"]
     inc = render.Pieces(decode)
     assert inc.add(ids[:2]) + inc.add(ids[2:]) == pieces  # streaming gives the same pieces
@@ -179,7 +179,7 @@ def test_pieces_keep_sentencepiece_word_spaces():
     tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=60, show_progress=False))
     ids = tok.encode(text).ids
     assert tok.decode(ids[1:2]) == tok.decode(ids[1:2]).lstrip()  # a lone token loses its space
-    pieces = render.token_pieces(tok.decode, ids)
+    pieces = render.Pieces(tok.decode).add(ids)
     assert "".join(pieces) == tok.decode(ids) == text
 
 

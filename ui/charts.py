@@ -10,7 +10,6 @@ from dflash_core.events import CycleTally, RunSummary
 BASELINE_COLOR = "#8b93a7"
 TARGET_COLOR = "#6366f1"
 ACCEPT_COLOR = "#10b981"
-REJECT_COLOR = "#f43f5e"
 ROLLBACK_COLOR = "#f59e0b"
 
 

@@ -42,10 +42,6 @@ class Pieces:
         return out
 
 
-def token_pieces(decode, ids: list) -> list:
-    return Pieces(decode).add(ids)
-
-
 def show_text(text: str, inline: bool = False) -> str:
     """Escaped text with whitespace made visible: a newline shows a faint return mark (and breaks
     the line unless `inline`), a tab an arrow. Spaces stay spaces in running text (the panes use

@@ -40,9 +40,6 @@ class Comparison:
     def dflash_tokens(self) -> list:
         return [t for c in self.cycles for t in c.committed]
 
-    def baseline_tokens(self) -> list:
-        return [e.token for e in self.baseline]
-
     def to_json(self) -> dict:
         return {
             "pair": self.pair_name,
