@@ -57,6 +57,8 @@ def through_browser(page, url, prompt, max_tokens, chat, min_confidence) -> dict
     expect(page.locator("#prompt textarea")).to_have_value(prompt, timeout=60_000)
     page.locator("#run").click()
     expect(page.locator("#lossless")).to_contain_text("identical", timeout=600_000)
+    # the race replay animates for up to 12 s after a run: the next measurement waits it out
+    page.locator("#race .race[data-played]").wait_for(timeout=60_000)
     tps = lambda pane: float(page.locator(f"#{pane}-stats .stat .v").first.inner_text())
     return {"baseline": tps("baseline"), "dflash": tps("dflash")}
 

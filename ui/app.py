@@ -25,12 +25,13 @@ from .models import Catalogue
 from .runner import Comparison, compare
 
 PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "examples.json"
-# While an engine is being timed the page shows its text as it comes, lightly: the handler runs in
-# the same process as the engine (and the browser on the same cores), so every rebuilt view is
-# time taken from the run it measures. The colored cycles, charts and inspector are drawn once the
-# engines have finished.
+# While an engine is being timed the page does not change: the handler runs in the same process
+# as the engine, and the browser on the same cores, so any page update is time taken from the run
+# it measures (measured on two cores, even two light updates a second slowed DFlash's draft phase
+# by ~10%: docs/benchmarks.md). Each engine's text appears when it has finished; the race replay
+# then plays both back on one clock from their timestamps.
+SETTLE_S = 0.5  # after a stage change, before the next engine starts: the browser draws in between
 MAX_TEMPERATURE = 1.5
-FRAME_S = 0.5  # at most 2 page updates a second while an engine runs
 KEEP_EXPORTS = 200  # run files kept for download on a long-running host
 MAX_REJECTED_SHOWN = 4  # rejected drafts shown per cycle in the colored pane (the rest as "+N")
 # the draft's precision choices: its linear layers quantized at load (nn.quantize), or as stored
@@ -259,19 +260,17 @@ class Playground:
         )
         view = RunView(pair)
         yield {**view.reset(ui), ui["status"]: render.info_html(f"prompt: {len(ids)} tokens · running the baseline …")}
-        last_frame, shown = 0.0, {}
+        shown = {}
         try:
             for _ in compare(self.worker, pair, run, user_stop):  # fills `run` event by event
-                now = time.perf_counter()
-                stage_changed = view.stage != run.stage
-                if not stage_changed and run.stage in ("baseline", "dflash") and now - last_frame < FRAME_S:
-                    continue
-                last_frame = now
-                # only what changed goes to the browser: while DFlash is timed that is its text and
-                # its stats, so the page redraws as little as it can on the cores being measured
+                if view.stage == run.stage:
+                    continue  # an engine is being timed: the page waits for the next stage
+                # only the panes that changed go to the browser
                 frame = {k: v for k, v in view.frame(ui, run).items() if shown.get(k) != v}
                 shown.update(frame)
                 yield frame
+                if run.stage in ("baseline", "dflash") and not user_stop.is_set():
+                    time.sleep(SETTLE_S)  # compare() starts the engine when resumed
         except DFlashError as e:
             yield {ui["status"]: render.error_html(str(e))}
             return
@@ -301,6 +300,20 @@ class Playground:
             return gr.skip()
         limit = None if all_rejected else MAX_REJECTED_SHOWN
         return render.dflash_tokens_html(shown.run.cycles, shown.pieces, shown.token_text, limit)
+
+
+def _stats(summary, running: bool, extra: list = ()) -> str:
+    """An engine's figures once it has finished (its RunSummary), else what it is doing."""
+    if summary is None:
+        return render.stats_html(0, 0.0, 0.0, extra, status="running" if running else "waiting")
+    elapsed = summary.prefill_s + summary.decode_s
+    return render.stats_html(
+        summary.generated, elapsed, summary.decode_tps, extra, status=summary.stop_reason.replace("_", " ")
+    )
+
+
+def _pending_text(running: bool) -> str:
+    return "Running alone; the text appears when it finishes." if running else "Output appears here."
 
 
 def single_token_text(tokenizer):
@@ -357,67 +370,25 @@ class RunView:
         self.d_pieces += self.dflash_pieces.add(new_d)
 
     def frame(self, ui, run: Comparison) -> dict:
+        """The page at a stage change: a finished engine's text and figures, a running one's
+        placeholder (its text would cost it time while it is timed)."""
         self._sync(run)
         self.stage = run.stage
-        now = time.perf_counter()
         b, d = run.baseline_summary, run.dflash_summary
-        if b is not None:
-            b_stats = render.stats_html(
-                b.generated, b.prefill_s + b.decode_s, b.decode_tps, status=b.stop_reason.replace("_", " ")
-            )
-        elif run.baseline:
-            last = run.baseline[-1]
-            b_stats = render.stats_html(
-                len(run.baseline),
-                now - run.stage_started,
-                (len(run.baseline) - 1) / last.t if last.t else 0.0,
-                status="running",
-            )
-        else:
-            b_stats = render.stats_html(
-                0,
-                now - run.stage_started if run.stage == "baseline" else 0.0,
-                0.0,
-                status="prefill" if run.stage == "baseline" else "waiting",
-            )
-        if d is not None:
-            d_stats = render.stats_html(
-                d.generated,
-                d.prefill_s + d.decode_s,
-                d.decode_tps,
-                render.dflash_extra(d.tally),
-                status=d.stop_reason.replace("_", " "),
-            )
-        elif run.cycles:
-            n, last = len(self.d_pieces), run.cycles[-1]
-            d_stats = render.stats_html(
-                n,
-                now - run.stage_started,
-                (n - 1) / last.t if last.t else 0.0,
-                render.dflash_extra(run.tally),
-                status="running",
-            )
-        else:
-            d_stats = render.stats_html(
-                0,
-                now - run.stage_started if run.stage == "dflash" else 0.0,
-                0.0,
-                render.dflash_extra(),
-                status="prefill" if run.stage == "dflash" else "waiting",
-            )
         status = {
-            "baseline": "running the baseline (plain greedy decoding) alone …",
-            "dflash": "running DFlash alone on the same device …",
+            "baseline": "running the baseline (plain greedy decoding) alone; its text appears when it finishes …",
+            "dflash": "running DFlash alone on the same device; its text appears when it finishes …",
             "check": "comparing the two outputs token by token …",
             "done": "stopped: the text so far is kept" if run.stopped or run.verdict == "partial" else "done",
         }[run.stage]
         return {
             ui["status"]: render.info_html(status),
-            ui["b_stats"]: b_stats,
-            ui["b_out"]: render.plain_text_html("".join(self.b_text), running=run.stage == "baseline"),
-            ui["d_stats"]: d_stats,
-            # plain text while DFlash is timed; colored by cycle once it has finished
-            ui["d_out"]: render.plain_text_html("".join(self.d_pieces), running=True)
+            ui["b_stats"]: _stats(b, run.stage == "baseline"),
+            ui["b_out"]: render.plain_text_html(
+                "".join(self.b_text), placeholder=_pending_text(run.stage == "baseline")
+            ),
+            ui["d_stats"]: _stats(d, run.stage == "dflash", render.dflash_extra(d.tally if d else None)),
+            ui["d_out"]: render.plain_text_html("", placeholder=_pending_text(True))
             if run.stage == "dflash"
             else render.dflash_tokens_html(run.cycles, self.d_pieces, self.token_text, MAX_REJECTED_SHOWN),
         }

@@ -107,6 +107,7 @@ RACE_JS = """
     count: root.querySelector(`.lane-count[data-lane="${k}"]`),
   }));
   lanes.forEach(l => { l.text.textContent = ''; });
+  root.removeAttribute('data-played');
   const clock = root.querySelector('.clock');
   const t0 = performance.now();
   const step = (now) => {
@@ -126,6 +127,7 @@ RACE_JS = """
       l.count.textContent = n + ' tokens' + done;
     }
     if (t <= end) window.__dflashRace = requestAnimationFrame(step);
+    else root.dataset.played = '1';  // the replay has ended (scripts wait for it)
   };
   window.__dflashRace = requestAnimationFrame(step);
 }

@@ -169,7 +169,7 @@ def stats_html(tokens: int, elapsed_s: float, tps: float, extra: list = (), stat
 
 
 def dflash_extra(tally: CycleTally = None) -> list:
-    """tokens/cycle and acceptance rate: from the summary's tally, or (while running) the cycles'."""
+    """tokens/cycle and acceptance rate from a finished run's tally (dashes before)."""
     if tally is None or not tally.cycles:
         return [("tokens/cycle", "–", ""), ("accept rate", "–", "")]
     tau, rate = tally.tokens_per_cycle, tally.acceptance_rate

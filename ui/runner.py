@@ -3,10 +3,9 @@ device), then the lossless check. Everything MLX runs on the worker thread; this
 collects the engines' events into a `Comparison` that the page renders."""
 
 import threading
-import time
 from dataclasses import dataclass, field
 
-from dflash_core.events import CycleTally, Divergence, RunSummary, lossless_verdict, to_dict
+from dflash_core.events import Divergence, RunSummary, lossless_verdict, to_dict
 from dflash_core.sampling import Sampling
 
 
@@ -27,11 +26,9 @@ class Comparison:
     baseline: list = field(default_factory=list)  # TokenEvents
     baseline_summary: RunSummary = None
     cycles: list = field(default_factory=list)  # CycleEvents
-    tally: CycleTally = None  # the cycles' running statistics, kept as they arrive
     dflash_summary: RunSummary = None
     verdict: str = "pending"  # identical | diverged | partial | pending | sampled
     divergence: Divergence = None
-    stage_started: float = 0.0  # perf_counter when the current engine's request started
 
     @property
     def stopped(self) -> bool:
@@ -81,16 +78,15 @@ def _engine_stream(worker, make_iter, user_stop: threading.Event):
 
 def _run_stage(worker, run: Comparison, stage: str, make_iter, user_stop: threading.Event):
     """One engine into `run`: its per-step events into run.baseline / run.cycles, its summary
-    into run.<stage>_summary; yields `run` after each event."""
+    into run.<stage>_summary; yields `run` before the engine starts and after each event."""
     events = run.baseline if stage == "baseline" else run.cycles
-    run.stage, run.stage_started = stage, time.perf_counter()
+    run.stage = stage
+    yield run  # before the engine starts: the page shows the new stage without slowing the run
     for ev in _engine_stream(worker, make_iter, user_stop):
         if isinstance(ev, RunSummary):
             setattr(run, f"{stage}_summary", ev)
         else:
             events.append(ev)
-            if stage == "dflash":
-                run.tally = (run.tally or CycleTally(ev.block_size)).add(ev)
         yield run
 
 
