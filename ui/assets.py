@@ -28,7 +28,6 @@ CSS = """
 .tok-more { font-size: 0.75em; opacity: 0.6; padding: 0 3px; }
 .cycle { border-right: 1px solid rgba(128, 128, 128, 0.35); padding-right: 1px; margin-right: 1px; }
 .cycle-bonus .tok-accepted { background: rgba(16, 185, 129, 0.38); }
-.cursor::after { content: "▍"; opacity: 0.7; }  /* no blinking: an animation keeps the browser drawing on the cores being measured */
 .legend { font-size: 12px; opacity: 0.85; margin-top: 6px; line-height: 2; }
 .legend .muted { opacity: 0.75; }
 .legend .tok { margin: 0 3px 0 8px; padding: 1px 4px; }

@@ -122,7 +122,7 @@ def _draw_tip(ev: CycleEvent, k: int) -> str:
     return f" · p={p:.3f} q={q:.3f} p/q={p / q if q else float('inf'):.2f} draw u={u:.3f}"
 
 
-def dflash_tokens_html(cycles: list, pieces: list, draft_text, max_rejected=None, running=False) -> str:
+def dflash_tokens_html(cycles: list, pieces: list, draft_text, max_rejected=None) -> str:
     """The DFlash output grouped by cycle. `pieces` are the texts of all committed tokens in order."""
     if not cycles:
         return '<div class="out empty">DFlash output appears here, colored by cycle.</div>'
@@ -131,8 +131,7 @@ def dflash_tokens_html(cycles: list, pieces: list, draft_text, max_rejected=None
         n = len(ev.committed)
         parts.append(cycle_spans(ev, pieces[i : i + n], draft_text, max_rejected))
         i += n
-    cursor = '<span class="cursor"></span>' if running else ""
-    return f'<div class="out tokens">{"".join(parts)}{cursor}</div>'
+    return f'<div class="out tokens">{"".join(parts)}</div>'
 
 
 LEGEND = (
@@ -146,11 +145,10 @@ LEGEND = (
 )
 
 
-def plain_text_html(text: str, running=False, placeholder="") -> str:
-    if not text and not running:
+def plain_text_html(text: str, placeholder="") -> str:
+    if not text:
         return f'<div class="out empty">{esc(placeholder)}</div>'
-    cursor = '<span class="cursor"></span>' if running else ""
-    return f'<div class="out">{show_text(text)}{cursor}</div>'
+    return f'<div class="out">{show_text(text)}</div>'
 
 
 def _stat(label: str, value: str, hint: str = "") -> str:
