@@ -7,6 +7,7 @@ import time
 
 import mlx.core as mx
 import pytest
+from cli_run import dflash_cli
 
 from dflash_core import backend
 from dflash_core.loading import load_pair
@@ -35,25 +36,7 @@ def test_dtype_override_sets_the_compute_dtype(monkeypatch, random_dirs):
 def test_bad_dtype_is_one_error_line(random_dirs):
     target, draft = random_dirs["qwen3"]
     env = {**os.environ, "DFLASH_DTYPE": "float64"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dflash_core",
-            "generate",
-            "--model",
-            str(target),
-            "--draft",
-            str(draft),
-            "--prompt",
-            "x",
-            "--max-tokens",
-            "4",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    out = dflash_cli("generate", "--model", target, "--draft", draft, "--prompt", "x", "--max-tokens", "4", env=env)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert lines[-1].startswith("error:") and "DFLASH_DTYPE=float64" in lines[-1], out.stderr

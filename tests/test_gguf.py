@@ -6,12 +6,11 @@ error line, and is converted once per file content."""
 import json
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from cli_run import dflash_cli
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 from tokenizers import pre_tokenizers
@@ -315,14 +314,7 @@ def test_failed_conversion_leaves_nothing(tmp_path, cache):
 
 def cli_generate(tmp_path, model, *extra):
     env = {**os.environ, "DFLASH_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "dflash_core", "generate", "--model", str(model), "--prompt", "hi", *extra],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
-    )
+    return dflash_cli("generate", "--model", model, "--prompt", "hi", *extra, env=env, timeout=120)
 
 
 def cli_error_line(out) -> str:

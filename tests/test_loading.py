@@ -3,10 +3,9 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
+from cli_run import dflash_cli
 from code_prompts import PROMPTS
 from mlx_lm import stream_generate
 from mlx_lm.sample_utils import make_sampler
@@ -179,29 +178,11 @@ def test_cli_generate_matches_mlx_lm_greedy(tmp_path, family):
         for r in stream_generate(pair.model, pair.tokenizer, prompt_ids, max_tokens=48, sampler=make_sampler(temp=0.0))
     ]
     for block in (16, 5):
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "dflash_core",
-                "generate",
-                "--model",
-                str(t),
-                "--draft",
-                str(d),
-                "--prompt",
-                "def parse(line):",
-                "--max-tokens",
-                "48",
-                "--block-size",
-                str(block),
-                "--json",
-                "--compare-baseline",
-            ],
-            capture_output=True,
-            text=True,
+        out = dflash_cli(
+            "generate",
+            *("--model", t, "--draft", d, "--prompt", "def parse(line):", "--max-tokens", 48, "--block-size", block),
+            *("--json", "--compare-baseline"),
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
-            timeout=300,
         )
         assert out.returncode == 0, out.stderr
         res = json.loads(out.stdout)  # stdout is exactly one JSON object

@@ -4,6 +4,7 @@ variant fails), is seeded, and leaves the greedy path alone."""
 import mlx.core as mx
 import numpy as np
 import pytest
+from cli_run import dflash_cli
 
 from dflash_core import sampling as sampling_module
 from dflash_core.engine import oracle_draft
@@ -210,36 +211,14 @@ def test_probabilities_are_mlx_lms_sampler(random_pairs):
 @pytest.mark.slow
 def test_generate_with_a_seed_is_repeatable_and_reports_acceptance(random_dirs):
     import json
-    import subprocess
-    import sys
 
     t, d = random_dirs["llama"]
 
     def generate(seed):
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "dflash_core",
-                "generate",
-                "--model",
-                str(t),
-                "--draft",
-                str(d),
-                "--prompt",
-                "def fib(n):",
-                "--max-tokens",
-                "24",
-                "--temperature",
-                "0.8",
-                "--seed",
-                str(seed),
-                "--json",
-                "--compare-baseline",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
+        out = dflash_cli(
+            "generate",
+            *("--model", t, "--draft", d, "--prompt", "def fib(n):", "--max-tokens", 24),
+            *("--temperature", 0.8, "--seed", seed, "--json", "--compare-baseline"),
         )
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)

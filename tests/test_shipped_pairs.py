@@ -10,6 +10,7 @@ import sys
 
 import mlx.core as mx
 import pytest
+from cli_run import dflash_cli
 
 from dflash_core.chat_prompts import HELDOUT
 from dflash_core.loading import load_pair, resolve
@@ -115,24 +116,15 @@ def test_default_pair_answers_like_a_chat_model():
     """The README's first command: the default pair knows the capital of France, and DFlash's
     answer is plain greedy's, token for token."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dflash_core",
-            "generate",
-            "--prompt",
-            "What is the capital of France?",
-            "--json",
-            "--compare-baseline",
-            "--max-tokens",
-            "32",
-        ],
+    out = dflash_cli(
+        "generate",
+        "--prompt",
+        "What is the capital of France?",
+        "--json",
+        "--compare-baseline",
+        "--max-tokens",
+        32,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
     )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
