@@ -65,6 +65,7 @@ def dflash_generate(
     if sampling:
         sampling.seed_draws()
     ctx = DraftContext(draft)
+    head = target.draft_head(draft.config.draft_vocab)
     t_start = time.perf_counter()
     first = target.prefill(prompt_ids, on_taps=ctx.extend)
     staged = sample(sampling.probabilities(first)) if sampling else mx.argmax(first).item()
@@ -77,12 +78,13 @@ def dflash_generate(
         verified = B - 1
         if draft_fn is None:
             block = target.embed(mx.array([staged] + [mask_id] * (B - 1)))[None]
-            logits = target.head(draft(block, ctx.kv, ctx.length)[:, 1:])[0]
+            logits = head.logits(draft(block, ctx.kv, ctx.length)[:, 1:])[0]  # over the head's rows
             if sampling:
-                q = sampling.probabilities(logits)
-                proposals = mx.random.categorical(mx.log(q))
+                q = sampling.probabilities(logits, draft.config.proposal_temperature)
+                proposals = head.token_ids(mx.random.categorical(mx.log(q)))
+                q = head.spread(q)
             else:
-                proposals = mx.argmax(logits, axis=-1)
+                proposals = head.token_ids(mx.argmax(logits, axis=-1))
             if min_confidence > 0:  # the draft's own probability of each proposal
                 top1 = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
                 mx.eval(proposals, top1)

@@ -12,7 +12,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from . import backend, distributed, hub, memory
-from .draft import QUANT_GROUP, DraftConfig, DraftModel, quantize_draft
+from .draft import DRAFT_VOCAB_FILE, QUANT_GROUP, DraftConfig, DraftModel, quantize_draft
 from .errors import DFlashError
 from .pair import Pair
 from .registry import CHAT_PAIRS, DEFAULT_PAIR, SHIPPED, SMOLLM2_FETCH, draft_for
@@ -115,6 +115,13 @@ def _draft_config(raw: dict, where: str) -> DraftConfig:
         cfg = DraftConfig.from_dict(raw)
     except KeyError as e:
         raise DFlashError(f"draft config {where} lacks {e}; is this a DFlash draft?") from None
+    except (TypeError, ValueError) as e:
+        raise DFlashError(f"draft config {where} has a value of the wrong type ({e})") from None
+    if not cfg.proposal_temperature > 0:
+        raise DFlashError(
+            f"draft config {where} has dflash_config.proposal_temperature {cfg.proposal_temperature}; "
+            "it must be above 0 (1: the draft samples at the target's temperature)"
+        )
     if not cfg.target_layer_ids or cfg.mask_token_id is None:
         raise DFlashError(
             f"draft config {where} has no dflash_config.target_layer_ids / mask_token_id; is this a DFlash draft?"
@@ -122,8 +129,27 @@ def _draft_config(raw: dict, where: str) -> DraftConfig:
     return cfg
 
 
+def _draft_vocab(path: Path, vocab_size: int) -> tuple | None:
+    """The tokens the draft may propose, if its directory says (see Target.draft_head)."""
+    file = path / DRAFT_VOCAB_FILE
+    if not file.is_file():
+        return None
+    try:
+        tokens = json.loads(file.read_text())["tokens"]
+        valid = bool(tokens) and all(isinstance(t, int) and 0 <= t < vocab_size for t in tokens)
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        valid = False
+    if not valid:
+        raise DFlashError(
+            f'{file} must hold {{"tokens": [token ids below {vocab_size}]}}; '
+            "remove it to let the draft propose any token"
+        )
+    return tuple(tokens)
+
+
 def load_draft(path: Path) -> DraftModel:
     cfg = _draft_config(_read_config(path, "draft"), str(path / "config.json"))
+    cfg = replace(cfg, draft_vocab=_draft_vocab(path, cfg.vocab_size))
     files = _weight_files(path, "draft")
     weights = _load_weights(files)
     weights = {k.removeprefix("model."): v for k, v in weights.items()}

@@ -5,6 +5,7 @@ conv1d and the recurrence function) are given thin recording subclasses / wrappe
 so new mlx-lm releases keep working.
 """
 
+import copy
 import sys
 from dataclasses import dataclass
 
@@ -30,6 +31,30 @@ class GDNTape:
     conv_input: mx.array  # [old conv state ; this forward's qkv rows], (1, K-1+S, conv_dim)
     args: tuple  # gated_delta_update's arguments (q, k, v, a, b, A_log, dt_bias, state_before)
     kwargs: dict
+
+
+@dataclass
+class DraftHead:
+    """The LM head the draft proposes through. With a vocabulary (`tokens`: the ids of its rows)
+    it computes only those rows: on a CPU the full head over B-1 positions costs more than the
+    draft's layers, and a few thousand tokens cover nearly all that a chat model writes (FR-Spec,
+    Zhao et al. 2025). The target verifies every proposal with its full head, so the output is
+    unchanged; only a proposal the vocabulary lacks is lost."""
+
+    logits: object  # hidden states -> logits over the rows
+    tokens: mx.array | None  # the rows' token ids; None: the whole vocabulary, in order
+    vocab_size: int  # the target's vocabulary (with `tokens`)
+
+    def token_ids(self, rows: mx.array) -> mx.array:
+        return rows if self.tokens is None else self.tokens[rows]
+
+    def spread(self, probs: mx.array) -> mx.array:
+        """(n, rows) probabilities -> (n, vocabulary), zero outside the rows."""
+        if self.tokens is None:
+            return probs
+        full = mx.zeros((probs.shape[0], self.vocab_size), dtype=probs.dtype)
+        full[:, self.tokens] = probs
+        return full
 
 
 class _Recorder:
@@ -99,9 +124,13 @@ class Target:
         self.model = model
         owner = self._text_owner(model)
         self.inner = owner.model  # embed_tokens, layers, norm
-        head = getattr(owner, "lm_head", None) or self.inner.embed_tokens.as_linear
+        lm_head = getattr(owner, "lm_head", None)
+        self._head_module = lm_head or self.inner.embed_tokens  # tied: the embedding's rows
+        head = lm_head or self.inner.embed_tokens.as_linear
         group = getattr(owner, "sharding_group", None)  # mlx-lm splits qwen3_5's LM head by vocabulary
         self.head = head if group is None else lambda h: gather_last_axis(head(h), group)
+        self._sharded_head = group is not None
+        self._draft_head = (None, None)  # (the vocabulary it was made for, its DraftHead)
         self.layers = model.layers
         self.tap_ids = list(tap_ids)
         self.gdn_layers = []  # (cache index, GatedDeltaNet module, original recurrence)
@@ -139,6 +168,27 @@ class Target:
 
     def embed(self, ids: mx.array) -> mx.array:
         return self.inner.embed_tokens(ids)
+
+    def draft_head(self, vocab: tuple | None) -> "DraftHead":
+        """The LM head the draft proposes through: the target's, or with `vocab` (the draft's
+        vocabulary, DraftConfig.draft_vocab) only those rows. Made once per vocabulary."""
+        made_for, head = self._draft_head
+        if vocab is made_for and head is not None:
+            return head
+        if vocab is None or self._sharded_head:  # a vocabulary-split head stays whole
+            head = DraftHead(self.head, None, 0)
+        else:
+            ids = mx.array(vocab)
+            rows = copy.copy(self._head_module)  # the same layer (plain or quantized) over those rows
+            for name in ("weight", "scales", "biases", "bias"):
+                if name in rows:
+                    rows[name] = mx.contiguous(rows[name][ids])
+            mx.eval(rows.parameters())
+            head = DraftHead(
+                rows.as_linear if hasattr(rows, "as_linear") else rows, ids, self._head_module["weight"].shape[0]
+            )
+        self._draft_head = (vocab, head)
+        return head
 
     def reset(self):
         self.cache = make_prompt_cache(self.model)

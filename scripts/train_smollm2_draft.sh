@@ -9,6 +9,8 @@
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage2 MINUTES   # resumes the shipped draft
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage3 MINUTES   # resumes it again, distilling
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage4 MINUTES   # the same, with sampled replies (data ... 0.7) added
+#   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage5 MINUTES   # two layers deeper
+#   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh vocab 8192       # the draft's vocabulary, from the data
 set -euo pipefail
 GGUF=${GGUF:-assets/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf}
 WORK=${WORK:-runs/smollm2}
@@ -44,10 +46,15 @@ stage4() {  # minutes: as stage 3, on data that includes replies sampled at temp
     --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 3
 }
 
-stage4() {  # minutes: as stage 3, on data that includes replies sampled at temperature 0.7
-  td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft \
-    --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" --lr 3e-4 \
-    --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 3
+stage5() {  # minutes: the shipped draft two layers deeper (each new one starting as the identity), distilling
+  td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft --add-layers 2 \
+    --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" \
+    --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 5
+}
+
+vocab() {  # size: the shipped draft's vocabulary, the tokens the target writes most often in the data
+  td --data chat --data-cache "$WORK"/data/chat-s*.json --data-only --out assets/models/smollm2-135m/draft \
+    --draft-vocab "$1"
 }
 
 "$@"

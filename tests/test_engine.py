@@ -379,3 +379,47 @@ def test_unsupported_architecture_is_one_clear_error(architecture_dirs, name):
         load_pair(*map(str, architecture_dirs(name)))
     assert f"architecture '{name}' is not supported" in str(e.value)
     assert "qwen3_5" in str(e.value) and "\n" not in str(e.value)
+
+
+# --- the draft's vocabulary (Target.draft_head) --------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+def test_draft_head_computes_only_the_vocabulary_rows(random_dirs, bits):
+    """Plain and quantized tied heads: the rows' logits are the full head's at those tokens, a row
+    maps back to its token, spread probabilities sit on the right tokens; made once per vocabulary."""
+    import mlx.nn as nn
+
+    from dflash_core.loading import load_pair
+
+    pair = load_pair(*map(str, random_dirs["qwen3"]))
+    if bits:
+        nn.quantize(pair.model, group_size=32, bits=bits)
+    target = Target(pair.model, pair.draft.config.target_layer_ids)
+    h = mx.random.normal((1, 5, pair.draft.config.hidden_size), key=mx.random.key(0))
+    vocab = (17, 3, 250, 41)
+    head = target.draft_head(vocab)
+    assert target.draft_head(vocab) is head and target.draft_head(None).logits is target.head
+    full, ours = np.array(target.head(h)), np.array(head.logits(h))
+    np.testing.assert_allclose(ours, full[..., list(vocab)], rtol=1e-5, atol=1e-5)
+    assert head.token_ids(mx.array([2, 0])).tolist() == [250, 17]
+    spread = np.array(head.spread(mx.array([[0.1, 0.2, 0.3, 0.4]])))
+    assert spread.shape == (1, full.shape[-1]) and spread[0, 41] == np.float32(0.4) and spread.sum() == np.float32(1.0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_draft_vocabulary_proposes_only_its_tokens_and_stays_lossless(random_pairs, family):
+    from dataclasses import replace
+
+    pair = random_pairs[family]
+    vocab = tuple(range(0, pair.draft.config.vocab_size, 3))
+    pair.draft.config = replace(pair.draft.config, draft_vocab=vocab)
+    try:
+        for prompt in PROMPTS[:2]:
+            ids = pair.encode(prompt, chat_template=False)
+            _, base = run(pair.baseline(ids, 40))
+            cycles, ours = run(pair.dflash(ids, 40, 8, min_confidence=0.0))
+            assert ours.tokens == base.tokens, prompt
+            assert {t for ev in cycles for t in ev.drafted} <= set(vocab)
+    finally:
+        pair.draft.config = replace(pair.draft.config, draft_vocab=None)

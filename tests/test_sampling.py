@@ -1,6 +1,8 @@
 """Speculative sampling keeps the target's distribution exactly (chi-square tests that a wrong
 variant fails), is seeded, and leaves the greedy path alone."""
 
+from dataclasses import replace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -148,16 +150,27 @@ def target_two_tokens(pair, ids, s: Sampling) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "temperature,top_p,draft",
-    [(1.0, 1.0, "greedy-continuation"), (0.7, 0.9, "greedy-continuation"), (1.0, 1.0, "model")],
+    [
+        (1.0, 1.0, "greedy-continuation"),
+        (0.7, 0.9, "greedy-continuation"),
+        (1.0, 1.0, "model"),
+        (1.0, 1.0, "model-with-vocabulary"),  # q is zero outside the draft's vocabulary
+        (0.7, 1.0, "model-sharpened"),  # q at a lower temperature than p (proposal_temperature)
+    ],
 )
-def test_dflash_sampling_has_the_targets_distribution(sharp_pair, temperature, top_p, draft):
+def test_dflash_sampling_has_the_targets_distribution(sharp_pair, temperature, top_p, draft, monkeypatch):
     pair = sharp_pair
+    if draft == "model-with-vocabulary":
+        vocab = tuple(range(1, pair.draft.config.vocab_size, 2))
+        monkeypatch.setattr(pair.draft, "config", replace(pair.draft.config, draft_vocab=vocab))
+    if draft == "model-sharpened":
+        monkeypatch.setattr(pair.draft, "config", replace(pair.draft.config, proposal_temperature=0.5))
     ids = pair.encode("def fib(n):", chat_template=False)
     s = Sampling(temperature, top_p)
     expected = target_two_tokens(pair, ids, s)
     base = list(pair.baseline(ids, 12))[-1]
     # a deterministic draft that is partly right: the target's greedy continuation
-    draft_fn = oracle_draft(len(ids), base.tokens) if draft != "model" else None
+    draft_fn = oracle_draft(len(ids), base.tokens) if draft == "greedy-continuation" else None
     runs, counts, accepted = 500, {}, 0
     mx.random.seed(7)
     for _ in range(runs):

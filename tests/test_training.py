@@ -5,6 +5,7 @@ training forward is the inference forward."""
 import inspect
 import json
 import shutil
+from dataclasses import replace
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -24,6 +25,7 @@ from dflash_core.train_draft import (
     add_layers,
     block_logits,
     decode_batch,
+    draft_vocab,
     greedy,
     load_frozen_target,
     make_batch,
@@ -837,3 +839,32 @@ def test_running_out_of_memory_is_one_error_line(tmp_path, capsys, random_dirs, 
     monkeypatch.setattr(train_draft, "train", fail("some other failure"))
     with pytest.raises(RuntimeError, match="some other failure"):
         main(["train-draft", "--target", str(target), "--out", str(tmp_path / "d")])
+
+
+def test_draft_vocab_ranks_the_targets_tokens_and_keeps_eos():
+    responses = [[5, 5, 7, 7, 2], [5, 9]]  # 5 x3, 7 x2, 2 (EOS) and 9 once
+    assert draft_vocab(responses, 2, keep={2}) == (5, 7, 2)  # EOS kept beyond the size
+    assert draft_vocab(responses, 3, keep=set()) == (5, 7, 2)  # a tie: the lower id first
+    assert draft_vocab(responses, 50, keep={3}) == (5, 7, 2, 9, 3)  # only tokens it wrote, + EOS
+
+
+def test_data_only_writes_a_draft_vocabulary_that_save_draft_keeps(tmp_path, capsys, random_dirs, corpus):
+    target, draft_dir = random_dirs["qwen3"]
+    out, cache = shutil.copytree(draft_dir, tmp_path / "draft"), tmp_path / "data.json"
+    args = ["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out), "--data-only"]
+    assert main([*args, "--data-cache", str(cache), *TINY_DRAFT, "--draft-vocab", "20"]) == 0
+    saved = json.loads(cache.read_text())
+    vocab = json.loads((out / "draft_vocab.json").read_text())["tokens"]
+    assert vocab[:20] == list(draft_vocab(saved["responses"], 20, set()))[:20]
+    pair = load_pair(str(target), str(out))
+    assert pair.draft.config.draft_vocab == tuple(vocab)
+    train_draft.save_draft(pair.draft, tmp_path / "copy")
+    assert json.loads((tmp_path / "copy" / "draft_vocab.json").read_text())["tokens"] == vocab
+    pair.draft.config = replace(pair.draft.config, draft_vocab=None)
+    train_draft.save_draft(pair.draft, tmp_path / "copy")
+    assert not (tmp_path / "copy" / "draft_vocab.json").exists()
+    assert (
+        main([*args[:-2], str(tmp_path / "nothing"), "--data-only", "--data-cache", str(cache), "--draft-vocab", "5"])
+        == 2
+    )
+    assert "has no config.json" in capsys.readouterr().err

@@ -86,9 +86,11 @@ class Playground:
         pair = self.catalogue.get(key, draft_quant)
         t = pair.target
         kind = "hybrid (GatedDeltaNet + attention)" if t.hybrid else "attention"
+        cfg = pair.draft.config
+        vocab = f", proposes from {len(cfg.draft_vocab):,} tokens" if cfg.draft_vocab else ""
         info = render.info_html(
             f"{pair.name}: target {t.num_layers} layers, {kind}, {gb(pair.memory()['target'])}; draft "
-            f"{pair.draft.config.num_hidden_layers} layers, {pair.draft_precision()}, block size {pair.block_size}; "
+            f"{cfg.num_hidden_layers} layers, {pair.draft_precision()}{vocab}, block size {pair.block_size}; "
             f"context {pair.context_length} tokens"
         )
         warning = pair.fit_warning()

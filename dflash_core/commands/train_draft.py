@@ -23,12 +23,14 @@ def run(args) -> int:
         raise DFlashError(f"--block-size {args.block_size} is out of range: use 2..64")
     if args.add_layers and not args.resume:
         raise DFlashError(f"--add-layers {args.add_layers} grows a trained draft: give --resume DRAFT too")
-    if args.data_only and len(args.data_cache or []) != 1:
-        raise DFlashError("--data-only needs --data-cache FILE (one file) to write the data to")
+    if args.data_only and len(args.data_cache or []) != 1 and not (args.data_cache and args.draft_vocab):
+        raise DFlashError(
+            "--data-only needs --data-cache FILE (one file) to write the data to "
+            "(several files are only read: to write --draft-vocab from them)"
+        )
     log = lambda m: print(m, flush=True)
     if args.data_only:
         train_draft.write_data(args, log)
-        print(f"wrote {args.data_cache[0]}")
         return 0
     summary = train_draft.train(args, log)
     save_training_record(args.out, "train-draft", summary, draft_card)
