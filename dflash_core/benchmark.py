@@ -121,6 +121,7 @@ def run_benchmark(
             "chat_template": chat_template,
             "template_args": template_args or {},
             "draft_quant": pair.draft_quant,
+            "draft_vocab": len(pair.draft_vocab) if pair.draft_vocab else None,
             "memory_mb": {k: round(v / 2**20, 1) for k, v in pair.memory().items()},
             "oracle": oracle,
             "sweep": list(sweep),

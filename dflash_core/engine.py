@@ -53,19 +53,21 @@ def dflash_generate(
     draft_fn: Callable | None = None,
     min_confidence: float = 0.0,
     sampling: Sampling | None = None,
+    draft_vocab: tuple | None = None,
 ) -> Iterator:
     """Yields one CycleEvent per cycle, then a RunSummary. `draft_fn(ctx_tokens, B)` replaces the
     draft model's proposals (the oracle mode of the benchmark and the tests). With min_confidence
     > 0 the target verifies only the proposals the draft is sure of (see confident_prefix): where
     each verified row costs time (a CPU), rows that would likely be rejected are not worth it.
     With `sampling` the draft samples its proposals and acceptance is speculative sampling
-    (sampling.speculative_accept); without, everything is greedy."""
+    (sampling.speculative_accept); without, everything is greedy. With `draft_vocab` the draft
+    proposes only those tokens (its DraftConfig.draft_vocab; see Target.draft_head)."""
     B, mask_id = block_size, draft.config.mask_token_id
     mx.reset_peak_memory()
     if sampling:
         sampling.seed_draws()
     ctx = DraftContext(draft)
-    head = target.draft_head(draft.config.draft_vocab)
+    head = target.draft_head(draft_vocab)
     t_start = time.perf_counter()
     first = target.prefill(prompt_ids, on_taps=ctx.extend)
     staged = sample(sampling.probabilities(first)) if sampling else mx.argmax(first).item()

@@ -129,8 +129,14 @@ class Pair:
                 draft_fn=draft_fn,
                 min_confidence=min_confidence,
                 sampling=sampling,
+                draft_vocab=self.draft_vocab,
             ),
         )
+
+    @property
+    def draft_vocab(self) -> tuple | None:
+        """The tokens the draft proposes from here: its vocabulary where that pays (a CPU)."""
+        return self.draft.config.draft_vocab if backend.draft_vocab_pays() else None
 
     def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False, sampling=None):
         """TokenEvents, then a RunSummary: plain decoding via mlx-lm (greedy unless `sampling`)."""
@@ -182,6 +188,7 @@ class Pair:
                     block_size=self.block_size,
                     eos_ids=set(),
                     min_confidence=backend.default_min_confidence(),
+                    draft_vocab=self.draft_vocab,
                 )
             for _ in runs:
                 pass

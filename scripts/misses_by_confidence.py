@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
+
+# isort: split
 import mlx.core as mx  # noqa: E402
 
-import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 from dflash_core.benchmark import DEFAULT_PROMPTS  # noqa: E402
 from dflash_core.loading import load_draft  # noqa: E402
 from dflash_core.registry import DEFAULT_PAIR, SHIPPED  # noqa: E402

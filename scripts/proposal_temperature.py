@@ -20,9 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
+
+# isort: split
 import mlx.core as mx  # noqa: E402
 
-import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
 from dflash_core import engine  # noqa: E402
 from dflash_core.loading import load_pair  # noqa: E402
 from dflash_core.registry import DEFAULT_PAIR  # noqa: E402

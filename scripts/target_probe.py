@@ -17,9 +17,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
+
+# isort: split
 import mlx.core as mx  # noqa: E402
 
-import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 from dflash_core.registry import DEFAULT_PAIR, SHIPPED  # noqa: E402
 from dflash_core.tokenizer import encode_prompt  # noqa: E402
 from dflash_core.train_draft import greedy, load_frozen_target  # noqa: E402

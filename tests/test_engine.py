@@ -408,18 +408,23 @@ def test_draft_head_computes_only_the_vocabulary_rows(random_dirs, bits):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_draft_vocabulary_proposes_only_its_tokens_and_stays_lossless(random_pairs, family):
+def test_draft_vocabulary_proposes_only_its_tokens_and_stays_lossless(random_pairs, family, monkeypatch):
+    """On a CPU the draft proposes from its vocabulary; where it does not pay (a GPU) from all."""
     from dataclasses import replace
+
+    from dflash_core import backend
 
     pair = random_pairs[family]
     vocab = tuple(range(0, pair.draft.config.vocab_size, 3))
-    pair.draft.config = replace(pair.draft.config, draft_vocab=vocab)
-    try:
-        for prompt in PROMPTS[:2]:
-            ids = pair.encode(prompt, chat_template=False)
-            _, base = run(pair.baseline(ids, 40))
-            cycles, ours = run(pair.dflash(ids, 40, 8, min_confidence=0.0))
-            assert ours.tokens == base.tokens, prompt
-            assert {t for ev in cycles for t in ev.drafted} <= set(vocab)
-    finally:
-        pair.draft.config = replace(pair.draft.config, draft_vocab=None)
+    monkeypatch.setattr(pair.draft, "config", replace(pair.draft.config, draft_vocab=vocab))
+    assert pair.draft_vocab == vocab
+    for prompt in PROMPTS[:2]:
+        ids = pair.encode(prompt, chat_template=False)
+        _, base = run(pair.baseline(ids, 40))
+        cycles, ours = run(pair.dflash(ids, 40, 8, min_confidence=0.0))
+        assert ours.tokens == base.tokens, prompt
+        assert {t for ev in cycles for t in ev.drafted} <= set(vocab)
+    monkeypatch.setattr(backend, "draft_vocab_pays", lambda: False)
+    assert pair.draft_vocab is None
+    cycles, _ = run(pair.dflash(ids, 40, 8, min_confidence=0.0))
+    assert {t for ev in cycles for t in ev.drafted} - set(vocab)

@@ -86,11 +86,10 @@ class Playground:
         pair = self.catalogue.get(key, draft_quant)
         t = pair.target
         kind = "hybrid (GatedDeltaNet + attention)" if t.hybrid else "attention"
-        cfg = pair.draft.config
-        vocab = f", proposes from {len(cfg.draft_vocab):,} tokens" if cfg.draft_vocab else ""
+        vocab = f", proposes from {len(pair.draft_vocab):,} tokens" if pair.draft_vocab else ""
         info = render.info_html(
             f"{pair.name}: target {t.num_layers} layers, {kind}, {gb(pair.memory()['target'])}; draft "
-            f"{cfg.num_hidden_layers} layers, {pair.draft_precision()}{vocab}, block size {pair.block_size}; "
+            f"{pair.draft.config.num_hidden_layers} layers, {pair.draft_precision()}{vocab}, block size {pair.block_size}; "
             f"context {pair.context_length} tokens"
         )
         warning = pair.fit_warning()
