@@ -35,10 +35,6 @@ class DraftConfig:
     # the tokens the draft may propose (most frequent first), from draft_vocab.json beside
     # config.json; None: all of them (see Target.draft_head)
     draft_vocab: tuple | None = None
-    # when sampling, the draft's q is at this multiple of the target's temperature: it predicts
-    # each block position alone, so proposals sampled from flatter marginals fit each other less
-    # (measured per draft: scripts/proposal_temperature.py)
-    proposal_temperature: float = 1.0
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "DraftConfig":
@@ -66,7 +62,6 @@ class DraftConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 40960),
             layer_types=list(cfg.get("layer_types") or []),
             sliding_window=cfg.get("sliding_window"),
-            proposal_temperature=float(dflash.get("proposal_temperature", 1.0)),
         )
 
     @classmethod
@@ -127,8 +122,6 @@ class DraftConfig:
                 "mask_token_id": self.mask_token_id,
             },
         }
-        if self.proposal_temperature != 1.0:
-            d["dflash_config"]["proposal_temperature"] = self.proposal_temperature
         if self.rope_scaling:
             d["rope_scaling"] = self.rope_scaling
         if self.layer_types:

@@ -82,7 +82,7 @@ def dflash_generate(
             block = target.embed(mx.array([staged] + [mask_id] * (B - 1)))[None]
             logits = head.logits(draft(block, ctx.kv, ctx.length)[:, 1:])[0]  # over the head's rows
             if sampling:
-                q = sampling.probabilities(logits, draft.config.proposal_temperature)
+                q = sampling.probabilities(logits)
                 proposals = head.token_ids(mx.random.categorical(mx.log(q)))
                 q = head.spread(q)
             else:

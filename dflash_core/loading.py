@@ -115,13 +115,6 @@ def _draft_config(raw: dict, where: str) -> DraftConfig:
         cfg = DraftConfig.from_dict(raw)
     except KeyError as e:
         raise DFlashError(f"draft config {where} lacks {e}; is this a DFlash draft?") from None
-    except (TypeError, ValueError) as e:
-        raise DFlashError(f"draft config {where} has a value of the wrong type ({e})") from None
-    if not cfg.proposal_temperature > 0:
-        raise DFlashError(
-            f"draft config {where} has dflash_config.proposal_temperature {cfg.proposal_temperature}; "
-            "it must be above 0 (1: the draft samples at the target's temperature)"
-        )
     if not cfg.target_layer_ids or cfg.mask_token_id is None:
         raise DFlashError(
             f"draft config {where} has no dflash_config.target_layer_ids / mask_token_id; is this a DFlash draft?"

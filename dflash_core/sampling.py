@@ -21,15 +21,14 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None  # None: MLX's global random state as it stands
 
-    def probabilities(self, logits: mx.array, sharpen: float = 1.0) -> mx.array:
+    def probabilities(self, logits: mx.array) -> mx.array:
         """(n, V) logits -> (n, V) probabilities, filtered exactly as mlx-lm's sampler filters
         them (top-p on the untempered distribution, then the temperature), so that plain sampling
-        through mlx-lm and DFlash sample from one distribution. `sharpen` < 1 lowers the
-        temperature by that factor: the draft's q (DraftConfig.proposal_temperature)."""
+        through mlx-lm and DFlash sample from one distribution."""
         logprobs = logits.astype(mx.float32) - mx.logsumexp(logits.astype(mx.float32), axis=-1, keepdims=True)
         if 0 < self.top_p < 1:
             logprobs = apply_top_p(logprobs, self.top_p)
-        return mx.softmax(logprobs / (self.temperature * sharpen), axis=-1)
+        return mx.softmax(logprobs / self.temperature, axis=-1)
 
     def sampler(self):
         """The same distribution as an mlx-lm sampler, for plain sampling (the baseline)."""

@@ -201,17 +201,3 @@ def test_draft_vocabulary_file_loads_or_is_one_error_line(capsys, pair_copy):
         (d / "draft_vocab.json").write_text(bad)
         msg = cli_error(capsys, *gen_args(t, d))
         assert "draft_vocab.json must hold" in msg and "remove it" in msg, bad
-
-
-def test_proposal_temperature_loads_round_trips_or_is_one_error_line(capsys, pair_copy):
-    t, d = pair_copy
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["dflash_config"]["proposal_temperature"] = 0.7
-    (d / "config.json").write_text(json.dumps(cfg))
-    draft_cfg = load_pair(str(t), str(d)).draft.config
-    assert draft_cfg.proposal_temperature == 0.7
-    assert draft_cfg.to_dict()["dflash_config"] == cfg["dflash_config"]
-    for bad, says in ((0, "must be above 0"), ("warm", "wrong type")):
-        cfg["dflash_config"]["proposal_temperature"] = bad
-        (d / "config.json").write_text(json.dumps(cfg))
-        assert says in cli_error(capsys, *gen_args(t, d)), bad

@@ -155,7 +155,6 @@ def target_two_tokens(pair, ids, s: Sampling) -> dict:
         (0.7, 0.9, "greedy-continuation"),
         (1.0, 1.0, "model"),
         (1.0, 1.0, "model-with-vocabulary"),  # q is zero outside the draft's vocabulary
-        (0.7, 1.0, "model-sharpened"),  # q at a lower temperature than p (proposal_temperature)
     ],
 )
 def test_dflash_sampling_has_the_targets_distribution(sharp_pair, temperature, top_p, draft, monkeypatch):
@@ -163,8 +162,6 @@ def test_dflash_sampling_has_the_targets_distribution(sharp_pair, temperature, t
     if draft == "model-with-vocabulary":
         vocab = tuple(range(1, pair.draft.config.vocab_size, 2))
         monkeypatch.setattr(pair.draft, "config", replace(pair.draft.config, draft_vocab=vocab))
-    if draft == "model-sharpened":
-        monkeypatch.setattr(pair.draft, "config", replace(pair.draft.config, proposal_temperature=0.5))
     ids = pair.encode("def fib(n):", chat_template=False)
     s = Sampling(temperature, top_p)
     expected = target_two_tokens(pair, ids, s)
