@@ -379,7 +379,7 @@ def training_data(args, model, tokenizer, log=print) -> tuple:
     read from --data-cache if it holds them (several files: merged), else regenerated (and
     written there)."""
     caches = [Path(c) for c in args.data_cache or []]
-    reuse = len(caches) > 1 or (caches and caches[0].is_file())  # the same target's, from earlier runs
+    reuse = reuses_data(caches)
     if args.data == "chat":  # a chat target's requests: every one in its chat template
         from .chat_prompts import chat_prompts, heldout_requests
 
@@ -410,6 +410,12 @@ def training_data(args, model, tokenizer, log=print) -> tuple:
     return prompts, responses, eval_prompts
 
 
+def reuses_data(caches: list) -> bool:
+    """Whether --data-cache names data regenerated earlier (several files, or one that exists),
+    to be read rather than written."""
+    return len(caches) > 1 or bool(caches) and Path(caches[0]).is_file()
+
+
 def read_data(paths: list, log=print) -> tuple:
     """(prompts, responses) from regenerated-data files, in order. A prompt drawn again (by
     another seed, or twice by one) keeps its first response only: repeats would weigh double."""
@@ -434,18 +440,15 @@ def read_data(paths: list, log=print) -> tuple:
 def write_data(args, log=print):
     """--data-only: regenerate the data into --data-cache (or read it), train nothing."""
     model, tokenizer = load_frozen_target(str(args.target))
-    existed = len(args.data_cache) > 1 or Path(args.data_cache[0]).is_file()
+    regenerates = not reuses_data(args.data_cache)
     prompts, responses, _ = training_data(args, model, tokenizer, log)
     log(f"data: {len(prompts)} sequences, {sum(map(len, responses)):,} response tokens")
-    if not existed:
+    if regenerates:
         log(f"wrote {args.data_cache[0]}")
-    if args.draft_vocab:  # for a draft already trained on this data (--out)
-        out = Path(args.out)
-        if not (out / "config.json").is_file():
-            raise DFlashError(f"--draft-vocab with --data-only writes into a draft directory; {out} has no config.json")
+    if args.draft_vocab:  # for a draft already trained on this data (--out; checked by the command)
         vocab = draft_vocab(responses, args.draft_vocab, set(tokenizer.eos_token_ids))
-        write_draft_vocab(out, vocab)
-        log(f"draft vocabulary: {len(vocab)} tokens written to {out / DRAFT_VOCAB_FILE}")
+        write_draft_vocab(Path(args.out), vocab)
+        log(f"draft vocabulary: {len(vocab)} tokens written to {Path(args.out) / DRAFT_VOCAB_FILE}")
 
 
 def train(args, log=print) -> dict:

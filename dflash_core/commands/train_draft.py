@@ -23,11 +23,16 @@ def run(args) -> int:
         raise DFlashError(f"--block-size {args.block_size} is out of range: use 2..64")
     if args.add_layers and not args.resume:
         raise DFlashError(f"--add-layers {args.add_layers} grows a trained draft: give --resume DRAFT too")
-    if args.data_only and len(args.data_cache or []) != 1 and not (args.data_cache and args.draft_vocab):
-        raise DFlashError(
-            "--data-only needs --data-cache FILE (one file) to write the data to "
-            "(several files are only read: to write --draft-vocab from them)"
-        )
+    if args.data_only:
+        if not args.data_cache or len(args.data_cache) > 1 and not args.draft_vocab:
+            raise DFlashError(
+                "--data-only needs --data-cache FILE (one file) to write the data to "
+                "(several files are only read: to write --draft-vocab from them)"
+            )
+        if args.draft_vocab and not (Path(args.out) / "config.json").is_file():
+            raise DFlashError(
+                f"--draft-vocab with --data-only writes into a draft directory; {args.out} has no config.json"
+            )
     log = lambda m: print(m, flush=True)
     if args.data_only:
         train_draft.write_data(args, log)
