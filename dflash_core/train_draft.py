@@ -281,7 +281,7 @@ def new_draft(model, tokenizer, args) -> DraftModel:
         raise DFlashError(f"--target-layers {bad} are outside the target's {n_target} layers (0..{n_target - 1})")
     target_args = vars(Target._text_owner(model).args)  # qwen3_5 nests the text model's args
     cfg = DraftConfig.for_target(
-        target_args, args.layers, mask_id, args.block_size, args.intermediate, args.target_layers
+        target_args, args.layers, mask_id, args.block_size or 16, args.intermediate, args.target_layers
     )
     mx.random.seed(args.seed)
     draft = DraftModel(cfg)
@@ -291,12 +291,15 @@ def new_draft(model, tokenizer, args) -> DraftModel:
 
 def resumed_draft(model, args) -> DraftModel:
     """--resume: the draft to continue from (its shape, taps and mask id win), in float32, grown
-    by --add-layers."""
+    by --add-layers. A --block-size retrains it for another block length: the weights do not
+    depend on it, only the positions the loss covers and their weights."""
     from .loading import check_fit, load_draft
 
     draft = load_draft(Path(args.resume))
     draft.set_dtype(mx.float32)
     check_fit(model, draft, len(model.layers))
+    if args.block_size:
+        draft.config = replace(draft.config, block_size=args.block_size)
     return add_layers(draft, args.add_layers) if args.add_layers else draft
 
 
@@ -694,7 +697,9 @@ def add_arguments(p):
         nargs="+",
         help="target layers whose hidden states the draft reads (default: the published spacing rule)",
     )
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--block-size", type=int, help="draft block size (default 16; with --resume: the draft's, unless given)"
+    )
     p.add_argument(
         "--cache-taps",
         action="store_true",

@@ -10,6 +10,7 @@
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage3 MINUTES   # resumes it again, distilling
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage4 MINUTES   # the same, with sampled replies (data ... 0.7) added
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage5 MINUTES   # two layers deeper
+#   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh stage6 MINUTES   # retrained for blocks of 8
 #   GGUF=FILE WORK=DIR bash scripts/train_smollm2_draft.sh vocab 8192       # the draft's vocabulary, from the data
 set -euo pipefail
 GGUF=${GGUF:-assets/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -50,6 +51,12 @@ stage5() {  # minutes: the shipped draft two layers deeper (each new one startin
   td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft --add-layers 2 \
     --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" \
     --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 5
+}
+
+stage6() {  # minutes: the shipped draft retrained for blocks of 8 (a CPU verifies no more), distilling
+  td --data chat --data-cache "$WORK"/data/chat-s*.json --resume assets/models/smollm2-135m/draft --block-size 8 \
+    --out "$WORK/draft" --compute-dtype bfloat16 --batch-size 32 --anchors 64 --minutes "$1" --lr 3e-4 \
+    --distill 0.5 --eval-every 1500 --eval-prompts 8 --val-sequences 512 --seed 6
 }
 
 vocab() {  # size: the shipped draft's vocabulary, the tokens the target writes most often in the data

@@ -613,6 +613,25 @@ def test_added_layers_start_as_the_identity_then_train(tmp_path, corpus, trained
     assert main(["train-draft", "--target", str(target), "--out", str(tmp_path / "x"), "--add-layers", "1"]) == 2
 
 
+def test_resume_with_another_block_size_retrains_the_draft_for_it(tmp_path, corpus, trained):
+    """--resume D --block-size 8: the same weights trained on blocks of 8 (the loss over 7
+    positions, gamma 4); the written draft says 8 and runs lossless at it."""
+    target, draft_dir = trained
+    assert json.loads((draft_dir / "config.json").read_text())["block_size"] == 16
+    out = tmp_path / "b8"
+    argv = ["train-draft", "--target", str(target), "--data", str(corpus), "--out", str(out)]
+    assert main([*argv, "--resume", str(draft_dir), "--block-size", "8", *TINY_DRAFT[:-1], "--epochs", "1"]) == 0
+    assert json.loads((out / "config.json").read_text())["block_size"] == 8
+    record = json.loads((out / "training.json").read_text())
+    assert (record["block_size"], record["loss_gamma"]) == (8, 4.0)
+    pair = load_pair(str(target), str(out))
+    assert pair.block_size == 8
+    ids = pair.encode("def fib(n):")
+    *_, ours = pair.dflash(ids, 40)
+    *_, ref = pair.baseline(ids, 40)
+    assert ours.tokens == ref.tokens
+
+
 def test_distill_teacher_is_the_targets_distribution_at_each_label():
     """The teacher logits for a block's labels come from the target's own forward one position
     earlier: on the target's own greedy data their argmax is the label. (The shipped target: a

@@ -19,7 +19,7 @@ def run(args) -> int:
     args.target = str(resolve(args.target, "target"))  # a local directory or a hub id
     if not (Path(args.target) / "config.json").is_file():
         raise DFlashError(f"--target '{args.target}' is not an mlx-lm model directory (no config.json)")
-    if not 2 <= args.block_size <= 64:
+    if args.block_size is not None and not 2 <= args.block_size <= 64:
         raise DFlashError(f"--block-size {args.block_size} is out of range: use 2..64")
     if args.add_layers and not args.resume:
         raise DFlashError(f"--add-layers {args.add_layers} grows a trained draft: give --resume DRAFT too")
