@@ -39,18 +39,18 @@ def set_blas_threads(n: int):
 
 def default_min_confidence() -> float:
     """The draft confidence below which proposals are not verified (engine.confident_prefix).
-    On a CPU each verified row costs time (with the shipped 16-layer target on 2 cores: a 1-row
-    verify ~11 ms, 16 rows ~24 ms), and proposals the draft gives under 20% are rarely accepted:
-    0.2 measured best of 0 / 0.2 / 0.3 / 0.4 / 0.5 / 0.6 (speedup 1.85x -> 2.04x on the benchmark
-    prompts, 0.97x -> 1.09x on held-out code). On a GPU extra rows are nearly free: all go."""
+    On a CPU each verified row costs time, and proposals the draft gives under 20% are rarely
+    accepted. With the shipped SmolLM2 pair on 2 cores (3 repeats side by side, block 8): 0.2 and
+    0.3 read the same (1.44x / 1.49x median, 1.62x / 1.61x overall). On a GPU extra rows are
+    nearly free: all go."""
     return 0.2 if on_cpu() else 0.0
 
 
 def draft_vocab_pays() -> bool:
     """Whether the draft proposes from its own vocabulary (draft_vocab.json, Target.draft_head)
     rather than the whole one. On a CPU the draft's LM head over B-1 positions costs more than its
-    layers: with the shipped SmolLM2 draft on 2 cores, 72 -> 32 ms a draft step at 8,192 of 49,152
-    tokens, benchmark 1.29x -> 1.61x. On a GPU the head is nearly free and a smaller vocabulary
+    layers: with the SmolLM2 draft on 2 cores (block 16), 72 -> 32 ms a draft step at 8,192 of
+    49,152 tokens, benchmark 1.29x -> 1.61x. On a GPU the head is nearly free and a smaller vocabulary
     only loses proposals (H200: 2.77 -> 2.69 tokens per cycle, the same speed)."""
     return on_cpu()
 

@@ -43,7 +43,7 @@ def run(
     key,
     prompt=PROMPT,
     max_tokens=MAX_TOKENS,
-    block_size=16,
+    block_size=8,  # within every served draft's block (the shipped draft's is 8)
     chat=False,
     min_confidence=0.0,
     temperature=0.0,
