@@ -4,7 +4,7 @@ Teacher-forced over the target's own greedy continuations of some prompts, one b
 exactly as the trainer scores blocks. A draft that matches where the target is sure and misses
 where it is not has learned the easy part; what is left is the target's own hesitation.
 
-    python scripts/misses_by_confidence.py                        # shipped pair, held-out and benchmark prompts
+    python scripts/misses_by_confidence.py                        # default pair, its benchmark requests
     python scripts/misses_by_confidence.py --target T --draft D --prompts a.json --chat-template
 """
 
@@ -61,11 +61,12 @@ def report(name: str, match: np.ndarray, sure: np.ndarray):
         f"{name}: {len(match)} blocks; position 1 matches {match[:, 0].mean():.3f}, target's mean "
         f"top-1 probability {sure[:, 0].mean():.3f}"
     )
-    print("  target top-1 prob | share of tokens | draft matches at position 1 / 2 / 4 / 8")
+    positions = [k for k in (1, 2, 4, 8) if k <= match.shape[1]]
+    print(f"  target top-1 prob | share of tokens | draft matches at position {' / '.join(map(str, positions))}")
     for lo, hi in BUCKETS:
         sel = (sure >= lo) & (sure < hi)
         rates = " / ".join(
-            f"{match[sel[:, k - 1], k - 1].mean():.3f}" if sel[:, k - 1].any() else "-" for k in (1, 2, 4, 8)
+            f"{match[sel[:, k - 1], k - 1].mean():.3f}" if sel[:, k - 1].any() else "-" for k in positions
         )
         print(f"  [{lo:.2f}, {min(hi, 1):.2f}) | {sel[:, 0].mean():.3f} | {rates}")
 
@@ -77,8 +78,7 @@ def main():
     p.add_argument(
         "--prompts",
         nargs="+",
-        help="JSON lists of prompt texts (default: the target's held-out "
-        "eval prompts with the chat template, and the benchmark prompts raw)",
+        help="JSON lists of prompt texts (default: the benchmark's chat requests, in the chat template)",
     )
     p.add_argument("--chat-template", action="store_true", help="apply the chat template to --prompts")
     p.add_argument("--max-new", type=int, default=256)
@@ -90,9 +90,7 @@ def main():
     if args.prompts:
         sets = [(f, json.loads(Path(f).read_text()), args.chat_template) for f in args.prompts]
     else:
-        held = json.loads((Path(args.target) / "eval_prompts.json").read_text())["heldout"][:8]
-        bench = json.loads(DEFAULT_PROMPTS[False].read_text())
-        sets = [("held-out eval prompts (chat)", held, True), ("benchmark prompts (raw)", bench, False)]
+        sets = [("benchmark requests (chat)", json.loads(DEFAULT_PROMPTS[True].read_text()), True)]
     for name, texts, chat in sets:
         runs = [
             matches(target, draft, tokenizer, encode_prompt(tokenizer, t, chat)[-256:], args.max_new) for t in texts
