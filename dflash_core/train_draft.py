@@ -281,7 +281,12 @@ def new_draft(model, tokenizer, args) -> DraftModel:
         raise DFlashError(f"--target-layers {bad} are outside the target's {n_target} layers (0..{n_target - 1})")
     target_args = vars(Target._text_owner(model).args)  # qwen3_5 nests the text model's args
     cfg = DraftConfig.for_target(
-        target_args, args.layers, mask_id, args.block_size or 16, args.intermediate, args.target_layers
+        target_args,
+        args.layers,
+        mask_id,
+        args.block_size or DraftConfig.block_size,
+        args.intermediate,
+        args.target_layers,
     )
     mx.random.seed(args.seed)
     draft = DraftModel(cfg)
