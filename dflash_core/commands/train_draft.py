@@ -24,7 +24,7 @@ def run(args) -> int:
     if args.add_layers and not args.resume:
         raise DFlashError(f"--add-layers {args.add_layers} grows a trained draft: give --resume DRAFT too")
     if args.data_only:
-        if not args.data_cache or len(args.data_cache) > 1 and not args.draft_vocab:
+        if not args.data_cache or (len(args.data_cache) > 1 and not args.draft_vocab):
             raise DFlashError(
                 "--data-only needs --data-cache FILE (one file) to write the data to "
                 "(several files are only read: to write --draft-vocab from them)"
