@@ -4,6 +4,7 @@ import json
 import os
 import platform
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
 from . import backend
@@ -93,17 +94,19 @@ def run_benchmark(
                         )
                     )
             for engine, b, s in rows:
-                runs.append(
-                    {
-                        "repeat": r,
-                        "prompt": i,
-                        "engine": engine,
-                        "block_size": b,
-                        "identical": None if sampling else lossless_verdict(s, base) == "identical",
-                        "speedup": s.decode_tps / base.decode_tps if base.decode_tps else None,
-                        **s.stats(),
-                    }
-                )
+                verdict = lossless_verdict(s, base)
+                run = {
+                    "repeat": r,
+                    "prompt": i,
+                    "engine": engine,
+                    "block_size": b,
+                    "identical": None if sampling else verdict == "identical",
+                    "speedup": s.decode_tps / base.decode_tps if base.decode_tps else None,
+                    **s.stats(),
+                }
+                if verdict == "diverged":  # where, and whether the target was torn between two tokens there
+                    run["divergence"] = asdict(pair.divergence(ids, s.tokens, base.tokens))
+                runs.append(run)
             d = rows[1][2]
             log(
                 f"repeat {r + 1}/{repeat} prompt {i + 1}/{len(encoded)}: baseline {base.decode_tps:.1f} tok/s, "
@@ -170,6 +173,12 @@ def summarize(runs: list, block_size: int, min_confidence: float = 0.0) -> dict:
         if any(r["identical"] is None for r in runs)
         else all(r["identical"] for r in runs if r["engine"] in ("dflash", "oracle")),
     }
+    diverged = [r for r in runs if "divergence" in r]
+    if diverged:
+        out["divergences"] = [
+            {k: r.get(k) for k in ("repeat", "prompt", "engine", "block_size", "min_confidence")} | r["divergence"]
+            for r in diverged
+        ]
     if dfl:
         cycles = sum(r["cycles"] for r in dfl)
         per_pos = [sum(r["accepted_per_position"][k] for r in dfl) for k in range(block_size - 1)]
@@ -186,6 +195,24 @@ def summarize(runs: list, block_size: int, min_confidence: float = 0.0) -> dict:
     if len(levels) > 1:
         out["confidence_sweep"] = [{"min_confidence": c, **medians(pick("dflash", c=c))} for c in levels]
     return out
+
+
+def divergence_line(summary: dict) -> str:
+    """One line on the runs whose tokens differ from plain greedy decoding: where the first one
+    parts and the target's top-2 logit margin there (a margin near 0 is a near-tie that float
+    rounding between a many-row verify and a one-token step can flip)."""
+    found = summary.get("divergences") or []
+    if not found:
+        return ""
+    d = found[0]
+    where = f"prompt {d['prompt'] + 1}, {d['engine']}, block {d['block_size']}"
+    if d.get("min_confidence"):
+        where += f", min confidence {d['min_confidence']}"
+    margin = "" if d["top2_margin"] is None else f" (the target's top-2 logit margin there: {d['top2_margin']:.2g})"
+    return (
+        f"not identical: {len(found)} run(s) differ from plain greedy decoding; the first, {where}, "
+        f"parts at generated token {d['index']}{margin}"
+    )
 
 
 def overall_speedup(rows: list, base: list):

@@ -90,3 +90,44 @@ def test_text_view_lists_the_summary_rounded(random_dirs, capsys):
     assert {"speedup_median", "overall_speedup_median", "tokens_per_cycle_mean", "acceptance_by_position"} <= set(names)
     assert "identical: True" in out
     assert not re.search(r"\d\.\d{4,}", out), out  # no float printed past 3 decimals
+
+
+class _BaselineWithOneTokenChanged:
+    """The pair, but its plain decoding's token at `index` replaced: a divergence the benchmark
+    must find and place."""
+
+    def __init__(self, pair, index: int):
+        self._pair, self._index = pair, index
+
+    def __getattr__(self, name):
+        return getattr(self._pair, name)
+
+    def baseline(self, *args, **kwargs):
+        from dataclasses import replace
+
+        *events, summary = self._pair.baseline(*args, **kwargs)
+        tokens = list(summary.tokens)
+        tokens[self._index] = (tokens[self._index] + 1) % self._pair.target.model.args.vocab_size
+        yield from events
+        yield replace(summary, tokens=tokens)
+
+
+@pytest.mark.slow
+def test_a_run_that_differs_from_greedy_is_flagged_and_placed(random_pairs):
+    from dflash_core.benchmark import divergence_line
+
+    pair = _BaselineWithOneTokenChanged(random_pairs["qwen3"], index=5)
+    res = run_benchmark(pair, ["def fib(n):"], max_tokens=16, repeat=1, log=lambda *a: None, min_confidence=0.0)
+    dflash = next(r for r in res["runs"] if r["engine"] == "dflash")
+    assert dflash["identical"] is False and dflash["divergence"]["index"] == 5
+    baseline = next(r for r in res["runs"] if r["engine"] == "baseline")
+    assert "divergence" not in baseline  # the baseline against itself
+    s = res["summary"]
+    assert s["identical"] is False
+    assert s["divergences"] == [
+        {"repeat": 0, "prompt": 0, "engine": "dflash", "block_size": 16, "min_confidence": 0.0} | dflash["divergence"]
+    ]
+    assert dflash["divergence"]["top2_margin"] >= 0
+    line = divergence_line(s)
+    assert line.startswith("not identical: 1 run(s)") and "prompt 1, dflash, block 16" in line
+    assert "token 5" in line and "\n" not in line

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import distributed
 from ..argtypes import positive_int, probability, whole_number
-from ..benchmark import load_prompts, run_benchmark
+from ..benchmark import divergence_line, load_prompts, run_benchmark
 from ..errors import DFlashError
 from .common import (
     add_block_size_args,
@@ -115,4 +115,7 @@ def run(args) -> int:
     else:
         for k, v in s.items():
             print(f"{k:>32}: {_rounded(v)}")
-    return 0 if s["identical"] is not False else 1
+    if s["identical"] is False:
+        log(divergence_line(s))
+        return 1
+    return 0
