@@ -13,7 +13,6 @@
   with --val-sequences also the loss on sequences held out of training.
 """
 
-import argparse
 import json
 import math
 import random
@@ -36,7 +35,7 @@ from .engine import baseline_generate, dflash_generate
 from .errors import DFlashError
 from .target import Target
 from .tokenizer import encode_prompt
-from .training import Run, count_params, make_step, write_weights
+from .training import Run, add_compute_arguments, count_params, make_step, write_weights
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -777,12 +776,5 @@ def add_arguments(p):
     p.add_argument("--eval-prompts", type=count, default=4)
     p.add_argument("--eval-tokens", type=positive_int, default=128)
     p.add_argument("--log-every", type=positive_int, default=20)
-    p.add_argument(
-        "--compute-dtype",
-        choices=DTYPES,
-        default="float32",
-        help="bfloat16: forward and backward in 16 bits over float32 master weights "
-        "(several times faster on a GPU; slow on a CPU)",
-    )
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    add_compute_arguments(p)
     p.add_argument("--seed", type=int, default=0)

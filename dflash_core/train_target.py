@@ -6,7 +6,6 @@ lines of a file and the assistant's reply is the code that follows them, so the 
 `Pair.encode(prompt)` (chat template on) with a plausible continuation of the prompt's code.
 """
 
-import argparse
 import json
 import random
 import time
@@ -23,7 +22,7 @@ from .backend import DTYPES
 from .corpus import read_corpus, renamed_copies, stdlib_dir, top_level_prompts
 from .errors import DFlashError
 from .tokenizer import EOS, IM_END, IM_START, save_tokenizer, train_bpe
-from .training import Run, count_params, make_step, write_weights
+from .training import Run, add_compute_arguments, count_params, make_step, write_weights
 
 # ---------------------------------------------------------------------------- samples
 
@@ -377,11 +376,4 @@ def add_arguments(p):
         default="best",
         help="best: the weights with the lowest held-out loss (they generalise best); last: the final weights",
     )
-    p.add_argument(
-        "--compute-dtype",
-        choices=DTYPES,
-        default="float32",
-        help="bfloat16: forward and backward in 16 bits over float32 master weights "
-        "(several times faster on a GPU; slow on a CPU)",
-    )
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    add_compute_arguments(p)

@@ -1,6 +1,7 @@
 """What the two trainers share: the learning-rate schedule, the optimizer step on float32 master
 weights, the run's clock, progress bar, log lines and cadence, and the weight files they write."""
 
+import argparse
 import json
 import math
 import time
@@ -11,6 +12,20 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 from tqdm import tqdm
+
+from .backend import DTYPES
+
+
+def add_compute_arguments(p):
+    """How every trainer computes: the dtype of forward and backward, and whether the step is compiled."""
+    p.add_argument(
+        "--compute-dtype",
+        choices=DTYPES,
+        default="float32",
+        help="bfloat16: forward and backward in 16 bits over float32 master weights "
+        "(several times faster on a GPU; slow on a CPU)",
+    )
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
 
 
 def count_params(model) -> int:

@@ -88,6 +88,11 @@ TINY_DRAFT = [
 ]
 
 
+def run_train_draft(target, data, out, *args) -> int:
+    """`train-draft` through the CLI on a target and data, writing to out."""
+    return main(["train-draft", "--target", str(target), "--data", str(data), "--out", str(out), *args])
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     import collections
@@ -106,23 +111,7 @@ def trained(tmp_path_factory, corpus):
     root = tmp_path_factory.mktemp("trained")
     target, draft = root / "target", root / "draft"
     assert main(["train-target", "--out", str(target), "--corpus", str(corpus), *TINY_TARGET]) == 0
-    assert (
-        main(
-            [
-                "train-draft",
-                "--target",
-                str(target),
-                "--data",
-                str(corpus),
-                "--out",
-                str(draft),
-                "--layers",
-                "1",
-                *TINY_DRAFT,
-            ]
-        )
-        == 0
-    )
+    assert run_train_draft(target, corpus, draft, "--layers", "1", *TINY_DRAFT) == 0
     return target, draft
 
 
@@ -218,23 +207,7 @@ def test_train_draft_on_hybrid_target_is_lossless(tmp_path, random_dirs, corpus)
     through the GDN rollback."""
     target, _ = random_dirs["qwen3_5"]
     out = tmp_path / "draft"
-    assert (
-        main(
-            [
-                "train-draft",
-                "--target",
-                str(target),
-                "--data",
-                str(corpus),
-                "--out",
-                str(out),
-                *TINY_DRAFT[:-1],
-                "--epochs",
-                "2",
-            ]
-        )
-        == 0
-    )
+    assert run_train_draft(target, corpus, out, *TINY_DRAFT[:-1], "--epochs", "2") == 0
     summary = json.loads((out / "training.json").read_text())
     assert summary["final_loss"] < summary["first_loss"], summary
     pair = load_pair(str(target), str(out))
@@ -369,48 +342,13 @@ def test_data_only_writes_the_regenerated_data_for_later_runs(tmp_path, capsys, 
     out, cache = tmp_path / "draft", tmp_path / "data.json"
     assert main(["train-draft", "--target", str(target), "--out", str(out), "--data-only"]) == 2
     assert "--data-cache" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "train-draft",
-                "--target",
-                str(target),
-                "--data",
-                str(corpus),
-                "--out",
-                str(out),
-                "--data-only",
-                "--data-cache",
-                str(cache),
-                *TINY_DRAFT,
-            ]
-        )
-        == 0
-    )
+    assert run_train_draft(target, corpus, out, "--data-only", "--data-cache", str(cache), *TINY_DRAFT) == 0
     saved = json.loads(cache.read_text())
     assert not out.exists() and not cache.with_suffix(".partial").exists()
     assert len(saved["prompts"]) == len(saved["responses"]) > 0
     assert all(0 < len(r) <= 48 + 1 for r in saved["responses"])  # response tokens (+ EOS)
     capsys.readouterr()
-    assert (
-        main(
-            [
-                "train-draft",
-                "--target",
-                str(target),
-                "--data",
-                str(corpus),
-                "--out",
-                str(out),
-                "--data-cache",
-                str(cache),
-                *TINY_DRAFT[:-1],
-                "--epochs",
-                "1",
-            ]
-        )
-        == 0
-    )
+    assert run_train_draft(target, corpus, out, "--data-cache", str(cache), *TINY_DRAFT[:-1], "--epochs", "1") == 0
     distinct = len({tuple(p) for p in saved["prompts"]})  # a prompt drawn twice trains once
     assert f"{distinct} regenerated sequences from {cache}" in capsys.readouterr().out
     assert (out / "model.safetensors").is_file()
@@ -421,24 +359,7 @@ def test_several_data_files_are_merged_without_repeated_prompts(tmp_path, capsys
     set; a prompt both pieces drew counts once; a missing piece is one error line."""
     target, _ = random_dirs["qwen3"]
     a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "draft"
-    assert (
-        main(
-            [
-                "train-draft",
-                "--target",
-                str(target),
-                "--data",
-                str(corpus),
-                "--out",
-                str(out),
-                "--data-only",
-                "--data-cache",
-                str(a),
-                *TINY_DRAFT,
-            ]
-        )
-        == 0
-    )
+    assert run_train_draft(target, corpus, out, "--data-only", "--data-cache", str(a), *TINY_DRAFT) == 0
     first = json.loads(a.read_text())
     distinct = len({tuple(p) for p in first["prompts"]})
     extra = [7, 8, 9]
@@ -453,26 +374,7 @@ def test_several_data_files_are_merged_without_repeated_prompts(tmp_path, capsys
         )
     )
     capsys.readouterr()
-    assert (
-        main(
-            [
-                "train-draft",
-                "--target",
-                str(target),
-                "--data",
-                str(corpus),
-                "--out",
-                str(out),
-                "--data-cache",
-                str(a),
-                str(b),
-                *TINY_DRAFT[:-1],
-                "--epochs",
-                "1",
-            ]
-        )
-        == 0
-    )
+    assert run_train_draft(target, corpus, out, "--data-cache", str(a), str(b), *TINY_DRAFT[:-1], "--epochs", "1") == 0
     log = capsys.readouterr().out
     assert f"{distinct + 1} regenerated sequences from 2 files" in log  # + the new one only
     assert f"data: {distinct + 1} sequences" in log  # what the trainer then trains on
@@ -584,23 +486,17 @@ def test_added_layers_start_as_the_identity_then_train(tmp_path, corpus, trained
 
     out = tmp_path / "grown"
     assert (
-        main(
-            [
-                "train-draft",
-                "--target",
-                str(target),
-                "--data",
-                str(corpus),
-                "--out",
-                str(out),
-                "--resume",
-                str(draft_dir),
-                "--add-layers",
-                "1",
-                *TINY_DRAFT[:-1],
-                "--epochs",
-                "2",
-            ]
+        run_train_draft(
+            target,
+            corpus,
+            out,
+            "--resume",
+            str(draft_dir),
+            "--add-layers",
+            "1",
+            *TINY_DRAFT[:-1],
+            "--epochs",
+            "2",
         )
         == 0
     )
@@ -659,25 +555,19 @@ def test_distill_trains_with_the_last_layer_recorded_besides_the_taps(tmp_path, 
     for share in ("0", "0.5"):
         out = tmp_path / f"kd{share}"
         assert (
-            main(
-                [
-                    "train-draft",
-                    "--target",
-                    str(target),
-                    "--data",
-                    str(corpus),
-                    "--out",
-                    str(out),
-                    "--layers",
-                    "1",
-                    "--target-layers",
-                    "0",
-                    "2",
-                    "--distill",
-                    share,
-                    "--cache-taps",
-                    *TINY_DRAFT[:-1],
-                ]
+            run_train_draft(
+                target,
+                corpus,
+                out,
+                "--layers",
+                "1",
+                "--target-layers",
+                "0",
+                "2",
+                "--distill",
+                share,
+                "--cache-taps",
+                *TINY_DRAFT[:-1],
             )
             == 0
         )
@@ -701,27 +591,21 @@ def test_cache_taps_trains_the_same_draft(tmp_path, corpus, trained):
     for flag in ([], ["--cache-taps"]):
         out = tmp_path / f"d{len(flag)}"
         assert (
-            main(
-                [
-                    "train-draft",
-                    "--target",
-                    str(target),
-                    "--data",
-                    str(corpus),
-                    "--out",
-                    str(out),
-                    "--layers",
-                    "1",
-                    "--target-layers",
-                    "0",
-                    "2",
-                    "--data-cache",
-                    str(tmp_path / "data.json"),
-                    *TINY_DRAFT[:-1],
-                    "--epochs",
-                    "2",
-                    *flag,
-                ]
+            run_train_draft(
+                target,
+                corpus,
+                out,
+                "--layers",
+                "1",
+                "--target-layers",
+                "0",
+                "2",
+                "--data-cache",
+                str(tmp_path / "data.json"),
+                *TINY_DRAFT[:-1],
+                "--epochs",
+                "2",
+                *flag,
             )
             == 0
         )
@@ -739,23 +623,17 @@ def test_bfloat16_compute_trains_float32_masters(tmp_path, corpus, trained):
     for dtype in ("float32", "bfloat16"):
         out = tmp_path / dtype
         assert (
-            main(
-                [
-                    "train-draft",
-                    "--target",
-                    str(target),
-                    "--data",
-                    str(corpus),
-                    "--out",
-                    str(out),
-                    "--layers",
-                    "1",
-                    "--data-cache",
-                    str(tmp_path / "data" / "cache.json"),
-                    *TINY_DRAFT,
-                    "--compute-dtype",
-                    dtype,
-                ]
+            run_train_draft(
+                target,
+                corpus,
+                out,
+                "--layers",
+                "1",
+                "--data-cache",
+                str(tmp_path / "data" / "cache.json"),
+                *TINY_DRAFT,
+                "--compute-dtype",
+                dtype,
             )
             == 0
         )
@@ -790,25 +668,19 @@ def test_val_sequences_are_held_out_and_their_loss_is_reported(tmp_path, corpus,
     target, _ = trained
     out, cache = tmp_path / "draft", tmp_path / "data.json"
     assert (
-        main(
-            [
-                "train-draft",
-                "--target",
-                str(target),
-                "--data",
-                str(corpus),
-                "--out",
-                str(out),
-                "--layers",
-                "1",
-                "--data-cache",
-                str(cache),
-                "--val-sequences",
-                "6",
-                *TINY_DRAFT[:-1],
-                "--eval-every",
-                "10",
-            ]
+        run_train_draft(
+            target,
+            corpus,
+            out,
+            "--layers",
+            "1",
+            "--data-cache",
+            str(cache),
+            "--val-sequences",
+            "6",
+            *TINY_DRAFT[:-1],
+            "--eval-every",
+            "10",
         )
         == 0
     )
