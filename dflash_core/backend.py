@@ -75,10 +75,11 @@ def on_cpu() -> bool:
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
-def compute_dtype():
-    """float32 on CPU (bf16/f16 matmuls skip BLAS there); the weights' own dtype on GPU, unless
-    DFLASH_DTYPE names one (float32 on a GPU keeps batched verify and one-token decoding from
-    disagreeing in the last bits of 16-bit logits)."""
+def compute_dtype(gpu_default: str = None):
+    """float32 on CPU (bf16/f16 matmuls skip BLAS there); on a GPU `gpu_default` (a shipped pair's,
+    registry.gpu_dtype) or else the weights' own dtype (None); DFLASH_DTYPE wins over both
+    (float32 on a GPU keeps batched verify and one-token decoding from disagreeing in the last bits
+    of 16-bit logits)."""
     name = os.environ.get("DFLASH_DTYPE")
     if name:
         if name not in DTYPES:
@@ -86,7 +87,9 @@ def compute_dtype():
 
             raise DFlashError(f"DFLASH_DTYPE={name} is not one of {', '.join(DTYPES)}")
         return DTYPES[name]
-    return mx.float32 if on_cpu() else None
+    if on_cpu():
+        return mx.float32
+    return DTYPES[gpu_default] if gpu_default else None
 
 
 def describe() -> dict:

@@ -137,6 +137,7 @@ def run_benchmark(
                 "processor": platform.processor(),
                 "cores": os.cpu_count(),
                 **{k: v for k, v in backend.describe().items() if k != "hf_cache"},
+                "dtype": str(pair.compute_dtype or "the weights' own"),  # this pair's (registry.gpu_dtype)
             },
             "blas_threads": dict(pair.blas_threads),  # as measured for this model (empty off the CPU)
         },

@@ -15,7 +15,7 @@ from . import backend, distributed, hub, memory
 from .draft import DRAFT_VOCAB_FILE, QUANT_GROUP, DraftConfig, DraftModel, quantize_draft
 from .errors import DFlashError
 from .pair import Pair
-from .registry import CHAT_PAIRS, DEFAULT_PAIR, SHIPPED, SMOLLM2_FETCH, draft_for
+from .registry import CHAT_PAIRS, DEFAULT_PAIR, SHIPPED, SMOLLM2_FETCH, draft_for, gpu_dtype
 from .target import Target
 
 DRAFT_QUANT_BITS = (4, 8)
@@ -74,22 +74,24 @@ def _load_weights(files: list) -> dict:
     return weights
 
 
-def _ready(module):
-    """Compute dtype (float32 on CPU, see backend) and the weights read now, not mid-generation.
+def _ready(module, dtype=None):
+    """Compute dtype (`dtype`, else float32 on a CPU; see backend.compute_dtype) and the weights
+    read now, not mid-generation.
     On a CPU a quantized model is dequantized: MLX's quantized matmuls there are slower than
     float32 BLAS (SmolLM2-135M 4-bit: one token 222 ms vs 100 ms dequantized, 2 cores)."""
     if backend.on_cpu():
         from mlx_lm.utils import dequantize_model
 
         dequantize_model(module)
-    if backend.compute_dtype() is not None:
-        module.set_dtype(backend.compute_dtype())
+    dtype = dtype or backend.compute_dtype()
+    if dtype is not None:
+        module.set_dtype(dtype)
     mx.eval(module.parameters())
     return module
 
 
-def load_target(path: Path):
-    """(model, tokenizer, config) through mlx-lm, in float32 on the CPU backend."""
+def load_target(path: Path, dtype=None):
+    """(model, tokenizer, config) through mlx-lm, computing in `dtype` (float32 on a CPU)."""
     from mlx_lm.utils import load_model, load_tokenizer
 
     config = _read_config(path, "target")
@@ -107,7 +109,7 @@ def load_target(path: Path):
         raise DFlashError(f"could not load target from '{path}': {type(e).__name__}: {e}".splitlines()[0]) from None
     if sharded:
         distributed.shard(model)
-    return _ready(model), tokenizer, config
+    return _ready(model, dtype), tokenizer, config
 
 
 def _draft_config(raw: dict, where: str) -> DraftConfig:
@@ -140,7 +142,7 @@ def _draft_vocab(path: Path, vocab_size: int) -> tuple | None:
     return tuple(tokens)
 
 
-def load_draft(path: Path) -> DraftModel:
+def load_draft(path: Path, dtype=None) -> DraftModel:
     cfg = _draft_config(_read_config(path, "draft"), str(path / "config.json"))
     cfg = replace(cfg, draft_vocab=_draft_vocab(path, cfg.vocab_size))
     files = _weight_files(path, "draft")
@@ -151,7 +153,7 @@ def load_draft(path: Path) -> DraftModel:
         draft.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
         raise DFlashError(f"draft weights in '{path}' do not match its config.json: {e}".splitlines()[0]) from None
-    return _ready(draft)
+    return _ready(draft, dtype)
 
 
 def _check_dims(cfg: DraftConfig, hidden, vocab, num_target_layers):
@@ -208,6 +210,11 @@ class PairPlan:
     draft_config: DraftConfig
     chat_pair: bool = True  # False: a shipped pair that is no chat model (the stdlib pair)
     allow_download: bool = True
+
+    @property
+    def compute_dtype(self):
+        """What the pair computes in here (backend.compute_dtype; None: the weights' own dtype)."""
+        return backend.compute_dtype(gpu_dtype(self.model))
 
     def downloads(self) -> list:
         """[(what, hub id)] still to download, the draft first (smaller, and checked first)."""
@@ -299,9 +306,9 @@ def plan_pair(model: str = None, draft: str = None, allow_download: bool = True)
     )
 
 
-def _draft_at(path: Path, bits: int = None) -> tuple:
+def _draft_at(path: Path, bits: int = None, dtype=None) -> tuple:
     """(the draft, the layers kept in full precision): with `bits`, its linear layers quantized."""
-    draft = load_draft(path)
+    draft = load_draft(path, dtype)
     kept = quantize_draft(draft, bits) if bits else []
     mx.eval(draft.parameters())
     return draft, kept
@@ -309,7 +316,7 @@ def _draft_at(path: Path, bits: int = None) -> tuple:
 
 def _with_target(plan: PairPlan, draft_model: DraftModel, kept: list, draft_quant: int = None) -> Pair:
     """Load the plan's target and make the Pair (on the MLX thread)."""
-    mlx_model, tokenizer, config = load_target(plan.target_dir)
+    mlx_model, tokenizer, config = load_target(plan.target_dir, plan.compute_dtype)
     num_layers = len(mlx_model.layers)
     check_fit(mlx_model, draft_model, num_layers)
     text_cfg = config.get("text_config", config)
@@ -329,6 +336,7 @@ def _with_target(plan: PairPlan, draft_model: DraftModel, kept: list, draft_quan
         thinking_switch=_has_thinking_switch(tokenizer),
         draft_quant=draft_quant,
         draft_full_precision=kept,
+        compute_dtype=plan.compute_dtype,
     )
 
 
@@ -337,12 +345,12 @@ def load_planned(plan: PairPlan, draft_quant: int = None) -> Pair:
     `draft_quant` 4 or 8 quantizes the draft's linear layers (quantize_draft)."""
     if plan.downloads():
         raise DFlashError(f"{plan.name} is not downloaded yet")  # fetch() first
-    return _with_target(plan, *_draft_at(plan.draft_dir, draft_quant), draft_quant)
+    return _with_target(plan, *_draft_at(plan.draft_dir, draft_quant, plan.compute_dtype), draft_quant)
 
 
 def with_draft_quant(pair: Pair, draft_quant: int = None) -> Pair:
     """The same pair with its draft reloaded at another precision (the target is shared)."""
-    draft_model, kept = _draft_at(pair.draft_dir, draft_quant)
+    draft_model, kept = _draft_at(pair.draft_dir, draft_quant, pair.compute_dtype)
     return replace(pair, draft=draft_model, draft_quant=draft_quant, draft_full_precision=kept, blas_threads={})
 
 
@@ -375,5 +383,5 @@ def load_pair(
         if warning:
             log(f"warning: {warning}")
     plan = plan.fetch("draft", log)
-    draft_model, kept = _draft_at(plan.draft_dir, draft_quant)
+    draft_model, kept = _draft_at(plan.draft_dir, draft_quant, plan.compute_dtype)
     return _with_target(plan.fetch("target", log), draft_model, kept, draft_quant)

@@ -30,6 +30,7 @@ class Pair:
     thinking_switch: bool = False  # the chat template has a thinking mode (Qwen3's enable_thinking)
     draft_quant: int = None  # bits of the draft's quantized linear layers; None: as stored
     draft_full_precision: list = field(default_factory=list)  # layers MLX could not quantize
+    compute_dtype: object = None  # the dtype both models compute in (None: each its weights' own)
 
     @property
     def block_size(self) -> int:

@@ -32,6 +32,30 @@ def test_dtype_override_sets_the_compute_dtype(monkeypatch, random_dirs):
     assert backend.compute_dtype() == mx.float32  # this CPU's default
 
 
+def test_a_gpu_computes_the_default_pair_in_the_dtype_measured_for_it(monkeypatch, random_dirs):
+    """On a GPU a shipped pair may compute in another dtype than its weights' own
+    (registry.GPU_DTYPES: SmolLM2's float16 GGUF in float32); other models keep theirs, and
+    DFLASH_DTYPE still wins. Checked on this CPU by taking the GPU's branch."""
+    from dflash_core.registry import gpu_dtype
+
+    assert gpu_dtype("smollm2-135m") == "float32"
+    assert gpu_dtype("HuggingFaceTB/SmolLM2-135M-Instruct") == "float32"  # any copy of its weights
+    assert gpu_dtype("Qwen/Qwen3-4B") is None
+    monkeypatch.setattr(backend, "on_cpu", lambda: False)
+    monkeypatch.delenv("DFLASH_DTYPE", raising=False)
+    assert backend.compute_dtype("float32") == mx.float32 and backend.compute_dtype() is None
+    pair = load_pair()
+    assert pair.compute_dtype == mx.float32
+    assert pair.target.inner.norm.weight.dtype == mx.float32  # stored float16
+    assert pair.target.inner.embed_tokens.scales.dtype == mx.float32  # still quantized: only a CPU dequantizes
+    assert pair.draft.fc.weight.dtype == mx.float32
+    target, draft = random_dirs["qwen3"]
+    stored = load_pair(str(target), str(draft))
+    assert stored.compute_dtype is None
+    monkeypatch.setenv("DFLASH_DTYPE", "bfloat16")
+    assert load_pair().target.inner.norm.weight.dtype == mx.bfloat16
+
+
 @pytest.mark.slow
 def test_bad_dtype_is_one_error_line(random_dirs):
     target, draft = random_dirs["qwen3"]
