@@ -95,6 +95,8 @@ def compute_dtype(gpu_default: str = None):
 def describe() -> dict:
     import mlx_lm
 
+    from .registry import GPU_DTYPES
+
     info = {
         "mlx": mx.__version__,
         "mlx_lm": mlx_lm.__version__,
@@ -103,7 +105,7 @@ def describe() -> dict:
         "blas_threads": "measured per model and engine (1 or all cores)"
         if _PER_ENGINE_THREADS
         else os.environ.get("OPENBLAS_NUM_THREADS", "n/a"),
-        "dtype": str(compute_dtype() or "the weights' own"),
+        "dtype": str(compute_dtype() or "the weights' own" + "".join(f"; {p}: {d}" for p, d in GPU_DTYPES.items())),
         "metal": mx.metal.is_available(),
     }
     try:

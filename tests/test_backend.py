@@ -44,6 +44,7 @@ def test_a_gpu_computes_the_default_pair_in_the_dtype_measured_for_it(monkeypatc
     monkeypatch.setattr(backend, "on_cpu", lambda: False)
     monkeypatch.delenv("DFLASH_DTYPE", raising=False)
     assert backend.compute_dtype("float32") == mx.float32 and backend.compute_dtype() is None
+    assert backend.describe()["dtype"] == "the weights' own; smollm2-135m: float32"  # what `doctor` says
     pair = load_pair()
     assert pair.compute_dtype == mx.float32
     assert pair.target.inner.norm.weight.dtype == mx.float32  # stored float16
