@@ -1,0 +1,87 @@
+"""Where a DFlash cycle's time goes on this machine, for a real pair: what a target forward costs
+by the number of rows it verifies (and how much of it is Python building the graph), and the
+engine's own per-cycle split (draft, verify, rollback) against a plain decoding step. On a GPU a
+small target's step is bound by graph building and kernel launches, so its rows are not free.
+
+    python scripts/forward_rows.py                                   # default pair, its benchmark requests
+    python scripts/forward_rows.py --model M --draft D --save out.json
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
+
+# isort: split
+import mlx.core as mx  # noqa: E402
+
+from dflash_core.benchmark import DEFAULT_PROMPTS  # noqa: E402
+from dflash_core.events import CycleEvent  # noqa: E402
+from dflash_core.loading import load_pair  # noqa: E402
+
+ROWS = (1, 2, 4, 8, 16)
+
+
+def forward_costs(pair, cache_tokens: int = 300, repeats: int = 30) -> dict:
+    """rows -> median ms of a verify forward (from building its graph to its logits) and of the
+    building alone, over a cache of cache_tokens."""
+    target = pair.target
+    ids = pair.encode("Why is the sky blue during the day but red at sunset? Explain in detail.", True)
+    target.prefill((ids * (cache_tokens // len(ids) + 1))[:cache_tokens])
+    out = {}
+    for rows in ROWS:
+        build, total = [], []
+        for i in range(repeats + 1):  # the first is a warm-up
+            t0 = time.perf_counter()
+            logits, taps = target.verify([1] * rows)
+            t1 = time.perf_counter()
+            mx.eval(logits, *taps)
+            t2 = time.perf_counter()
+            target.rollback(kept=0, fed=rows)
+            if i:
+                build.append((t1 - t0) * 1e3)
+                total.append((t2 - t0) * 1e3)
+        out[rows] = {"total_ms": round(median(total), 2), "build_ms": round(median(build), 2)}
+    return out
+
+
+def cycle_split(pair, prompt: str, max_tokens: int) -> dict:
+    """The engine's medians per cycle on one request, next to plain decoding's time a token."""
+    ids = pair.encode(prompt, pair.chat_default)
+    *_, base = pair.baseline(ids, max_tokens)
+    cycles = [e for e in pair.dflash(ids, max_tokens) if isinstance(e, CycleEvent)]
+    gaps = [(e.t - (prev.t if prev else 0.0)) * 1e3 for prev, e in zip([None] + cycles, cycles)]
+    return {
+        "tokens_per_cycle": round(sum(len(e.committed) for e in cycles) / len(cycles), 2),
+        "cycle_ms": round(median(gaps), 2),
+        **{k: round(median(getattr(e, k) for e in cycles), 2) for k in ("draft_ms", "verify_ms", "rollback_ms")},
+        "baseline_ms_per_token": round(1e3 / base.decode_tps, 2),
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="target (default: the shipped pair)")
+    p.add_argument("--draft")
+    p.add_argument("--prompts", help="JSON list of requests (default: the benchmark's)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--save", help="also write the JSON here")
+    args = p.parse_args()
+    pair = load_pair(args.model, args.draft, allow_download=False)
+    prompts = json.loads(Path(args.prompts or DEFAULT_PROMPTS[pair.chat_default]).read_text())
+    res = {"device": str(mx.default_device()), "dtype": str(pair.compute_dtype or "the weights' own")}
+    res["target_forward_by_rows"] = forward_costs(pair)
+    res["cycles"] = [{"prompt": q, **cycle_split(pair, q, args.max_tokens)} for q in prompts]
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.save:
+        Path(args.save).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
