@@ -210,11 +210,7 @@ class PairPlan:
     draft_config: DraftConfig
     chat_pair: bool = True  # False: a shipped pair that is no chat model (the stdlib pair)
     allow_download: bool = True
-
-    @property
-    def compute_dtype(self):
-        """What the pair computes in here (backend.compute_dtype; None: the weights' own dtype)."""
-        return backend.compute_dtype(gpu_dtype(self.model))
+    compute_dtype: object = None  # what the pair computes in here (backend.compute_dtype; None: the weights' own)
 
     def downloads(self) -> list:
         """[(what, hub id)] still to download, the draft first (smaller, and checked first)."""
@@ -303,6 +299,7 @@ def plan_pair(model: str = None, draft: str = None, allow_download: bool = True)
         draft_config=draft_config,
         chat_pair=not (model in SHIPPED and model not in CHAT_PAIRS),
         allow_download=allow_download,
+        compute_dtype=backend.compute_dtype(gpu_dtype(model)),
     )
 
 

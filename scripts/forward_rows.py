@@ -21,7 +21,6 @@ import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 import mlx.core as mx  # noqa: E402
 
 from dflash_core.benchmark import DEFAULT_PROMPTS  # noqa: E402
-from dflash_core.events import CycleEvent  # noqa: E402
 from dflash_core.loading import load_pair  # noqa: E402
 
 ROWS = (1, 2, 4, 8, 16)
@@ -54,10 +53,10 @@ def cycle_split(pair, prompt: str, max_tokens: int) -> dict:
     """The engine's medians per cycle on one request, next to plain decoding's time a token."""
     ids = pair.encode(prompt, pair.chat_default)
     *_, base = pair.baseline(ids, max_tokens)
-    cycles = [e for e in pair.dflash(ids, max_tokens) if isinstance(e, CycleEvent)]
+    *cycles, summary = pair.dflash(ids, max_tokens)
     gaps = [(e.t - (prev.t if prev else 0.0)) * 1e3 for prev, e in zip([None] + cycles, cycles)]
     return {
-        "tokens_per_cycle": round(sum(len(e.committed) for e in cycles) / len(cycles), 2),
+        "tokens_per_cycle": round(summary.tokens_per_cycle, 2),
         "cycle_ms": round(median(gaps), 2),
         **{k: round(median(getattr(e, k) for e in cycles), 2) for k in ("draft_ms", "verify_ms", "rollback_ms")},
         "baseline_ms_per_token": round(1e3 / base.decode_tps, 2),
