@@ -27,7 +27,7 @@ def main():
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument(
         "--prompt",
-        help="default: the Python example (index 3), a sensible reply with accepted runs and rejections in most cycles",
+        help="default: the first example (the Python function), a sensible reply with accepted runs and rejections in most cycles",
     )
     p.add_argument("--out", default=str(ROOT / "docs"))
     a = p.parse_args()
@@ -43,7 +43,7 @@ def main():
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             page.goto(f"{url}&__theme={theme}")
             expect(page.locator("#prompt textarea")).not_to_have_value("", timeout=30_000)
-            page.locator("#prompt textarea").fill(a.prompt or example_prompts()[3])
+            page.locator("#prompt textarea").fill(a.prompt or example_prompts()[0])
             page.locator("#run").click()
             expect(page.locator("#lossless .v")).not_to_contain_text("lossless check runs", timeout=600_000)
             page.wait_for_timeout(14_000)  # the race replay finishes (3-12 s)
