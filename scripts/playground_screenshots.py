@@ -16,7 +16,6 @@ from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
 from ui import build_app  # noqa: E402
-from ui.app import example_prompts  # noqa: E402
 from ui.headless import launch as launch_chromium  # noqa: E402
 
 
@@ -27,7 +26,8 @@ def main():
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument(
         "--prompt",
-        help="default: the first example (the Python function), a sensible reply with accepted runs and rejections in most cycles",
+        help="default: the prompt the page opens on (its first example, the Python function), a sensible reply with "
+        "accepted runs and rejections in most cycles",
     )
     p.add_argument("--out", default=str(ROOT / "docs"))
     a = p.parse_args()
@@ -43,7 +43,8 @@ def main():
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             page.goto(f"{url}&__theme={theme}")
             expect(page.locator("#prompt textarea")).not_to_have_value("", timeout=30_000)
-            page.locator("#prompt textarea").fill(a.prompt or example_prompts()[0])
+            if a.prompt:
+                page.locator("#prompt textarea").fill(a.prompt)
             page.locator("#run").click()
             expect(page.locator("#lossless .v")).not_to_contain_text("lossless check runs", timeout=600_000)
             page.wait_for_timeout(14_000)  # the race replay finishes (3-12 s)
