@@ -37,8 +37,13 @@ def set_blas_threads(n: int):
     _OPENBLAS.openblas_set_num_threads(n)
 
 
+def blas_threads() -> int:
+    """The BLAS threads in force now (0 where this process does not set them)."""
+    return _OPENBLAS.openblas_get_num_threads() if _PER_ENGINE_THREADS else 0
+
+
 def default_min_confidence() -> float:
-    """The draft confidence below which proposals are not verified (engine.confident_prefix).
+    """The draft confidence below which proposals are not verified (policy.confident_prefix).
     On a CPU each verified row costs time, and proposals the draft gives under 20% are rarely
     accepted. With the shipped SmolLM2 pair on 2 cores (3 repeats side by side, block 8): 0.2 and
     0.3 read the same (1.44x / 1.49x median, 1.62x / 1.61x overall). On a GPU all go: on the H200

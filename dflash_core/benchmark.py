@@ -4,7 +4,7 @@ import json
 import os
 import platform
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import backend
@@ -38,6 +38,8 @@ def run_benchmark(
     oracle: bool = False,
     sweep: list = (),
     log=print,
+    policy: str = None,
+    policy_sweep: list = (),
     min_confidence: float = None,
     confidence_sweep: list = (),
     sampling=None,
@@ -45,8 +47,11 @@ def run_benchmark(
 ) -> dict:
     """With `sampling` (temperature > 0) the baseline is plain sampling and DFlash speculative
     sampling, each run seeded alike: the outputs share a distribution, not tokens. `template_args`:
-    the chat template's extra arguments (e.g. thinking on)."""
+    the chat template's extra arguments (e.g. thinking on). `policy` None: the pair's default (Pair.policy_for);
+    `policy_sweep` runs other policies side by side,
+    `confidence_sweep` the fixed policy at other thresholds."""
     block_size = pair.block_size if block_size is None else block_size
+    policy = pair.policy_for(policy, min_confidence, sampling)
     if min_confidence is None:
         min_confidence = backend.default_min_confidence()
     encoded = [pair.encode(p, chat_template, template_args=template_args) for p in prompts]
@@ -54,71 +59,65 @@ def run_benchmark(
         pair.check_request(ids, max_tokens, block_size)
     for b in sweep:
         pair.check_request(encoded[0], max_tokens, b)
-    # full-length warm-up: one-time costs (GPU kernel JIT, allocator growth) can depend on the
-    # cache length, so the warm-up goes as far as the measured runs do
+    main = Variant(block_size, policy, min_confidence)
+    sweeps = {
+        "sweep": [Variant(b, policy, min_confidence) for b in sweep],
+        "policy_sweep": [Variant(block_size, p, min_confidence) for p in policy_sweep],
+        "confidence_sweep": [Variant(block_size, "fixed", c) for c in confidence_sweep],
+    }
+    sweeps = {name: list(dict.fromkeys([main, *group])) if group else [] for name, group in sweeps.items()}
+    sweeps["sweep"].sort(key=lambda v: v.block_size)
+    variants = list(dict.fromkeys([main, *(v for group in sweeps.values() for v in group)]))
+
+    def dflash(ids, v, **kw):
+        return _last(pair.dflash(ids, max_tokens, v.block_size, min_confidence=v.min_confidence, policy=v.policy, **kw))
+
+    # full-length warm-up: one-time costs (GPU kernel JIT, allocator growth, the policy's cost
+    # probe) can depend on the cache length, so the warm-up goes as far as the measured runs do
     log("warm-up ...")
     _last(pair.baseline(encoded[0], max_tokens, sampling=sampling))
-    _last(pair.dflash(encoded[0], max_tokens, block_size, min_confidence=min_confidence, sampling=sampling))
+    for v in variants:
+        dflash(encoded[0], v, sampling=sampling)
 
     runs = []
     for r in range(repeat):
         for i, ids in enumerate(encoded):
             base = _last(pair.baseline(ids, max_tokens, sampling=sampling))
-            rows = [("baseline", block_size, base)]
-            rows.append(
-                (
-                    "dflash",
-                    block_size,
-                    _last(pair.dflash(ids, max_tokens, block_size, min_confidence=min_confidence, sampling=sampling)),
-                )
-            )
+            rows = [("baseline", main, base)] + [("dflash", v, dflash(ids, v, sampling=sampling)) for v in variants]
             if oracle:
                 draft_fn = oracle_draft(len(ids), base.tokens)
-                rows.append(("oracle", block_size, _last(pair.dflash(ids, max_tokens, block_size, draft_fn=draft_fn))))
-            for b in sweep:
-                if b != block_size:
-                    rows.append(
-                        (
-                            "dflash",
-                            b,
-                            _last(pair.dflash(ids, max_tokens, b, min_confidence=min_confidence, sampling=sampling)),
-                        )
-                    )
-            for c in confidence_sweep:
-                if c != min_confidence:
-                    rows.append(
-                        (
-                            "dflash",
-                            block_size,
-                            _last(pair.dflash(ids, max_tokens, block_size, min_confidence=c, sampling=sampling)),
-                        )
-                    )
-            for engine, b, s in rows:
+                fixed = Variant(block_size, "fixed", 0.0)  # every proposal verified: the ceiling
+                rows.append(("oracle", fixed, dflash(ids, fixed, draft_fn=draft_fn)))
+            for engine, v, s in rows:
                 verdict = lossless_verdict(s, base)
                 run = {
                     "repeat": r,
                     "prompt": i,
                     "engine": engine,
-                    "block_size": b,
+                    "block_size": v.block_size,
                     "identical": None if sampling else verdict == "identical",
                     "speedup": s.decode_tps / base.decode_tps if base.decode_tps else None,
                     **s.stats(),
                 }
+                if engine == "dflash":
+                    run["min_confidence"] = v.min_confidence if v.policy == "fixed" else None
                 if verdict == "diverged":  # where, and whether the target was torn between two tokens there
                     run["divergence"] = asdict(pair.divergence(ids, s.tokens, base.tokens))
                 runs.append(run)
-            d = rows[1][2]
-            log(
-                f"repeat {r + 1}/{repeat} prompt {i + 1}/{len(encoded)}: baseline {base.decode_tps:.1f} tok/s, "
-                f"dflash {d.decode_tps:.1f} tok/s ({d.decode_tps / base.decode_tps:.2f}x), "
-                f"{d.tokens_per_cycle:.2f} tokens/cycle"
+            line = ", ".join(
+                f"{v.label} {s.decode_tps:.1f} tok/s ({s.decode_tps / base.decode_tps:.2f}x, "
+                f"{s.tokens_per_cycle:.2f} tokens/cycle)"
+                for engine, v, s in rows
+                if engine == "dflash"
             )
+            log(f"repeat {r + 1}/{repeat} prompt {i + 1}/{len(encoded)}: baseline {base.decode_tps:.1f} tok/s, {line}")
     return {
         "config": {
             "model": pair.name,
             "max_tokens": max_tokens,
             "repeat": repeat,
             "block_size": block_size,
+            "policy": policy,
             "min_confidence": min_confidence,
             "prompts": prompts,
             "chat_template": chat_template,
@@ -128,6 +127,7 @@ def run_benchmark(
             "memory_mb": {k: round(v / 2**20, 1) for k, v in pair.memory().items()},
             "oracle": oracle,
             "sweep": list(sweep),
+            "policy_sweep": list(policy_sweep),
             "confidence_sweep": list(confidence_sweep),
             "temperature": sampling.temperature if sampling else 0.0,
             "top_p": sampling.top_p if sampling else 1.0,
@@ -142,27 +142,57 @@ def run_benchmark(
             "blas_threads": dict(pair.blas_threads),  # as measured for this model (empty off the CPU)
         },
         "runs": runs,
-        "summary": summarize(runs, block_size, min_confidence),
+        "summary": summarize(runs, main, sweeps),
     }
 
 
-def summarize(runs: list, block_size: int, min_confidence: float = 0.0) -> dict:
-    def pick(engine, b=block_size, c=min_confidence):
-        return [
-            r
-            for r in runs
-            if r["engine"] == engine and r["block_size"] == b and (engine != "dflash" or r["min_confidence"] == c)
-        ]
+@dataclass(frozen=True)
+class Variant:
+    """One DFlash setting a benchmark runs: a block size and a policy (the fixed one's threshold)."""
 
-    base, dfl, orc = pick("baseline"), pick("dflash"), pick("oracle")
+    block_size: int
+    policy: str
+    min_confidence: float
+
+    def __post_init__(self):
+        if self.policy == "adaptive":  # the threshold is the fixed policy's alone
+            object.__setattr__(self, "min_confidence", None)
+
+    @property
+    def label(self) -> str:
+        knob = "" if self.policy == "adaptive" else f" {self.min_confidence:g}"
+        return f"{self.policy}{knob} B={self.block_size}"
+
+    def matches(self, run: dict) -> bool:
+        return (run["block_size"], run["policy"], run["min_confidence"]) == (
+            self.block_size,
+            self.policy,
+            self.min_confidence,
+        )
+
+
+def summarize(runs: list, main: Variant, sweeps: dict = None) -> dict:
+    """Medians of the main setting's runs; `sweeps`: {"sweep" | "policy_sweep" |
+    "confidence_sweep": [Variant, ...]}, each summarised by its own runs only."""
+    sweeps = sweeps or {}
+    base = [r for r in runs if r["engine"] == "baseline"]
+    dfl = [r for r in runs if r["engine"] == "dflash" and main.matches(r)]
+    orc = [r for r in runs if r["engine"] == "oracle"]
 
     def medians(rows):
         return {
             "dflash_tps_median": _median([r["decode_tps"] for r in rows]),
             "speedup_median": _median([r["speedup"] for r in rows]),
+            "speedup_min": min((r["speedup"] for r in rows if r["speedup"] is not None), default=None),
             "overall_speedup_median": overall_speedup(rows, base),
             "tokens_per_cycle_median": _median([r["tokens_per_cycle"] for r in rows]),
             "tokens_per_cycle_mean": mean_tokens_per_cycle(rows),
+            "plain_steps": sum(r["plain_steps"] for r in rows),
+            "cycles": sum(r["cycles"] for r in rows),
+            "engine_efficiency_median": _median([r["engine_efficiency"] for r in rows]),
+            "allowed_speedup_median": _median(
+                [r["speedup"] / r["engine_efficiency"] for r in rows if r["speedup"] and r["engine_efficiency"]]
+            ),
         }
 
     out = {
@@ -177,24 +207,31 @@ def summarize(runs: list, block_size: int, min_confidence: float = 0.0) -> dict:
     diverged = [r for r in runs if "divergence" in r]
     if diverged:
         out["divergences"] = [
-            {k: r.get(k) for k in ("repeat", "prompt", "engine", "block_size", "min_confidence")} | r["divergence"]
+            {k: r.get(k) for k in ("repeat", "prompt", "engine", "block_size", "policy", "min_confidence")}
+            | r["divergence"]
             for r in diverged
         ]
     if dfl:
-        cycles = sum(r["cycles"] for r in dfl)
-        per_pos = [sum(r["accepted_per_position"][k] for r in dfl) for k in range(block_size - 1)]
-        out["acceptance_by_position"] = [n / cycles for n in per_pos] if cycles else []
+        drafted = sum(r["cycles"] - r["plain_steps"] for r in dfl)
+        per_pos = [sum(r["accepted_per_position"][k] for r in dfl) for k in range(main.block_size - 1)]
+        out["acceptance_by_position"] = [n / drafted for n in per_pos] if drafted else []
+        # what the adaptive policy starts from when this file ships beside the draft (Pair.acceptance_prior)
+        out["acceptance_by_confidence"] = [
+            [sum(r["acceptance_by_confidence"][b][k] for r in dfl) for k in (0, 1)]
+            for b in range(len(dfl[0]["acceptance_by_confidence"]))
+        ]
     if orc:
         out["oracle_tps_median"] = _median([r["decode_tps"] for r in orc])
         out["oracle_speedup_median"] = _median([r["speedup"] for r in orc])
         out["oracle_overall_speedup_median"] = overall_speedup(orc, base)
         out["oracle_tokens_per_cycle_median"] = _median([r["tokens_per_cycle"] for r in orc])
-    sizes = sorted({r["block_size"] for r in runs if r["engine"] == "dflash"})
-    if len(sizes) > 1:
-        out["sweep"] = [{"block_size": b, **medians(pick("dflash", b))} for b in sizes]
-    levels = sorted({r["min_confidence"] for r in runs if r["engine"] == "dflash" and r["block_size"] == block_size})
-    if len(levels) > 1:
-        out["confidence_sweep"] = [{"min_confidence": c, **medians(pick("dflash", c=c))} for c in levels]
+    for name, group in sweeps.items():  # each setting side by side with the main one
+        if len(group) > 1:
+            key = {"sweep": "block_size", "policy_sweep": "policy", "confidence_sweep": "min_confidence"}[name]
+            out[name] = [
+                {key: getattr(v, key)} | medians([r for r in runs if r["engine"] == "dflash" and v.matches(r)])
+                for v in group
+            ]
     return out
 
 
@@ -207,6 +244,8 @@ def divergence_line(summary: dict) -> str:
         return ""
     d = found[0]
     where = f"prompt {d['prompt'] + 1}, {d['engine']}, block {d['block_size']}"
+    if d.get("policy"):
+        where += f", {d['policy']} policy"
     if d.get("min_confidence"):
         where += f", min confidence {d['min_confidence']}"
     margin = "" if d["top2_margin"] is None else f" (the target's top-2 logit margin there: {d['top2_margin']:.2g})"
@@ -240,14 +279,23 @@ def mean_tokens_per_cycle(rows: list):
     return sum(r["generated_tokens"] for r in rows) / cycles if cycles else None
 
 
-def recorded_figure(draft_dir) -> dict:
-    """The headless figure recorded beside a draft for this kind of device (the benchmark command's
-    own --save output, as benchmark-cpu.json / benchmark-gpu.json), or None when there is none."""
+def recorded_benchmark(draft_dir) -> dict | None:
+    """The benchmark recorded beside a draft for this kind of device (the benchmark command's own
+    --save output, as benchmark-cpu.json / benchmark-gpu.json), or None when there is none."""
     if draft_dir is None:
         return None
     path = Path(draft_dir) / f"benchmark-{'cpu' if backend.on_cpu() else 'gpu'}.json"
     try:
         saved = json.loads(path.read_text())
+        return saved if isinstance(saved, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def recorded_figure(draft_dir) -> dict:
+    """The headless figure of the recorded benchmark (recorded_benchmark), or None."""
+    saved = recorded_benchmark(draft_dir)
+    try:
         config, summary = saved["config"], saved["summary"]
         machine = config["machine"]
         where = (
@@ -266,7 +314,7 @@ def recorded_figure(draft_dir) -> dict:
             "repeat": config["repeat"],
             "device": where,
         }
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
 
 

@@ -6,8 +6,10 @@ from collections.abc import Callable, Iterator
 import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
 
+from . import backend
 from .draft import DraftContext, DraftModel
 from .events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent
+from .policy import AcceptancePredictor, CostModel, Policy, probe_costs
 from .sampling import Sampling, point_mass, sample, speculative_accept
 from .target import Target
 
@@ -21,13 +23,7 @@ def accepted_length(drafted: list, posterior: list) -> int:
     return a
 
 
-def confident_prefix(confidence: list, min_confidence: float) -> int:
-    """How many leading proposals go to the target: the first always, then each while the
-    draft's top-1 probability stays >= min_confidence (0 sends all)."""
-    k = 1
-    while k < len(confidence) and confidence[k] >= min_confidence:
-        k += 1
-    return k
+PROBE_CONTEXT = 64  # prompt tokens the cost probe runs on
 
 
 def _finish(tokens: list, new: list, max_tokens: int, eos: set):
@@ -51,50 +47,97 @@ def dflash_generate(
     eos_ids: set,
     should_stop: Callable[[], bool] = lambda: False,
     draft_fn: Callable | None = None,
+    policy: str = "adaptive",
     min_confidence: float = 0.0,
+    cost_profiles: dict | None = None,
+    acceptance_prior: list | None = None,
     sampling: Sampling | None = None,
     draft_vocab: tuple | None = None,
 ) -> Iterator:
-    """Yields one CycleEvent per cycle, then a RunSummary. `draft_fn(ctx_tokens, B)` replaces the
-    draft model's proposals (the oracle mode of the benchmark and the tests). With min_confidence
-    > 0 the target verifies only the proposals the draft is sure of (see confident_prefix): where
-    each verified row costs time (a CPU), rows that would likely be rejected are not worth it.
-    With `sampling` the draft samples its proposals and acceptance is speculative sampling
+    """Yields one CycleEvent per cycle, then a RunSummary. `policy` "adaptive" lets the cost
+    model decide each cycle between a plain target step and drafting, and how many proposals to
+    verify; "fixed" verifies the whole block, or with min_confidence > 0 only the proposals the
+    draft is sure of (see policy.confident_prefix). `cost_profiles`: the pair's cache of probed costs
+    (dflash_core.policy.probe_costs), filled here when this block size has none;
+    `acceptance_prior`: the draft's shipped acceptance by confidence. `draft_fn(ctx_tokens, B)`
+    replaces the draft model's proposals (the oracle mode of the benchmark and the tests). With
+    `sampling` the draft samples its proposals and acceptance is speculative sampling
     (sampling.speculative_accept); without, everything is greedy. With `draft_vocab` the draft
     proposes only those tokens (its DraftConfig.draft_vocab; see Target.draft_head)."""
     B, mask_id = block_size, draft.config.mask_token_id
+    head = target.draft_head(draft_vocab)
+    profiles = {} if cost_profiles is None else cost_profiles
+    key = (B, draft_vocab is not None, backend.blas_threads())
+    if key not in profiles:
+        profiles[key] = probe_costs(target, draft, head, B, prompt_ids[:PROBE_CONTEXT])
+    rule = Policy(
+        B,
+        CostModel(profiles[key]),
+        AcceptancePredictor(None if sampling else acceptance_prior),
+        None if policy == "adaptive" else min_confidence,
+    )
     mx.reset_peak_memory()
     if sampling:
         sampling.seed_draws()
     ctx = DraftContext(draft)
-    head = target.draft_head(draft_vocab)
     t_start = time.perf_counter()
     first = target.prefill(prompt_ids, on_taps=ctx.extend)
     staged = sample(sampling.probabilities(first)) if sampling else mx.argmax(first).item()
     t0 = time.perf_counter()
     tokens, tally = [], CycleTally(B)
-    stop, cycle = None, 0
+    stop = None
+
+    def record(**cycle) -> CycleEvent:
+        """The cycle's event, after committing its tokens (cut at EOS / max tokens)."""
+        nonlocal stop
+        n_before = len(tokens)
+        stop = _finish(tokens, cycle["committed"], max_tokens, eos_ids)
+        if stop is None and should_stop():
+            stop = "cancelled"
+        event = CycleEvent(cycle=tally.cycles, block_size=B, **cycle | {"committed": tokens[n_before:]})
+        rule.observe(event, event.cycle_ms / 1e3)
+        tally.add(event)
+        return event
+
     while stop is None:
-        # draft: one forward over [staged, MASK x (B-1)] proposes B-1 tokens
         t = time.perf_counter()
-        verified = B - 1
+        decision, plain = rule.before_draft()
+        if decision is not None:
+            # plain steps: no draft forward; the target checks the staged token alone
+            t_step, pending = t, []
+            for token, taps in _plain_steps(target, staged, plain, sampling):
+                pending.append(taps)
+                now = time.perf_counter()
+                committed, staged = [staged], token
+                yield record(
+                    **_plain_cycle(committed, token, decision, (now - t_step) * 1e3, now - t0),
+                )
+                t_step = now
+                if stop is not None:
+                    break
+            ctx.extend([mx.concatenate(hs, axis=1) for hs in zip(*pending)])
+            continue
+
+        # draft: one forward over [staged, MASK x (B-1)] proposes B-1 tokens
         if draft_fn is None:
             block = target.embed(mx.array([staged] + [mask_id] * (B - 1)))[None]
             logits = head.logits(draft(block, ctx.kv, ctx.length)[:, 1:])[0]  # over the head's rows
             if sampling:
                 q = sampling.probabilities(logits)
-                proposals = head.token_ids(mx.random.categorical(mx.log(q)))
+                rows = mx.random.categorical(mx.log(q))
+                sure = mx.take_along_axis(q, rows[:, None], axis=-1)[:, 0]
                 q = head.spread(q)
             else:
-                proposals = head.token_ids(mx.argmax(logits, axis=-1))
-            if min_confidence > 0:  # the draft's own probability of each proposal
-                top1 = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
-                mx.eval(proposals, top1)
-                verified = confident_prefix(top1.tolist(), min_confidence)
-            drafted = proposals.tolist()
+                rows, q = mx.argmax(logits, axis=-1), None
+                sure = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
+            proposals = head.token_ids(rows)
+            mx.eval(proposals, sure)
+            drafted, confidence = proposals.tolist(), sure.tolist()
         else:
-            drafted = draft_fn(prompt_ids + tokens + [staged], B)
-            q = None  # a deterministic draft: point masses, made once the vocabulary is known
+            drafted, q = draft_fn(prompt_ids + tokens + [staged], B), None
+            confidence = [1.0] * len(drafted)  # a deterministic draft is sure
+        decision = rule.after_draft(confidence)
+        verified = decision.verified
         t_draft = time.perf_counter()
 
         # verify: one target forward over [staged, d0 .. d(verified-1)]
@@ -109,7 +152,7 @@ def dflash_generate(
             staged = posterior[a]
         else:  # the next token: a residual resample after a rejection, else drawn from p
             q = point_mass(drafted, logits.shape[-1]) if q is None else q
-            a, staged, draws = speculative_accept(drafted[:verified], q[:verified], sampling.probabilities(logits))
+            a, staged, draws = speculative_accept(drafted[:verified], q, sampling.probabilities(logits))
         committed += drafted[:a]
 
         # rollback: the target keeps exactly the committed tokens; the draft's context grows
@@ -119,30 +162,24 @@ def dflash_generate(
         ctx.extend([h[:, : a + 1] for h in taps])
         t_rollback = time.perf_counter()
 
-        n_before = len(tokens)
-        stop = _finish(tokens, committed, max_tokens, eos_ids)
-        if stop is None and should_stop():
-            stop = "cancelled"
-        event = CycleEvent(
-            cycle=cycle,
+        yield record(
             staged_token=committed[0],
             drafted=drafted,
+            confidence=confidence,
             verified=verified,
             posterior=posterior,
             accepted_len=a,
-            committed=tokens[n_before:],
+            committed=committed,
             next_staged=staged,
             kv_trimmed=verified - a,
-            gdn_replayed=a + 1 if target.hybrid else 0,
+            gdn_replayed=a + 1 if target.hybrid and a < verified else 0,
             draft_ms=(t_draft - t) * 1e3,
             verify_ms=(t_verify - t_draft) * 1e3,
             rollback_ms=(t_rollback - t_verify) * 1e3,
             t=t_rollback - t0,
+            decision=decision,
             draws=draws,
         )
-        tally.add(event)
-        yield event
-        cycle += 1
     yield RunSummary(
         engine="dflash",
         prompt_tokens=len(prompt_ids),
@@ -152,12 +189,60 @@ def dflash_generate(
         stop_reason=stop,
         peak_memory_mb=mx.get_peak_memory() / 2**20,
         block_size=B,
-        min_confidence=min_confidence,
+        min_confidence=0.0 if rule.adaptive else min_confidence,
         cycles=tally.cycles,
         drafted_tokens=tally.drafted_tokens,
         accepted_tokens=tally.accepted_tokens,
         accepted_per_position=tally.accepted_per_position,
         sampling=sampling,
+        policy=rule.name,
+        plain_steps=tally.plain_steps,
+        verified_rows=tally.verified_rows,
+        cycle_s=tally.cycle_s,
+        acceptance_by_confidence=tally.by_confidence,
+    )
+
+
+def _plain_steps(target: Target, staged: int, n: int, sampling: Sampling | None) -> Iterator:
+    """n plain target steps from `staged`: yields (next token, its input's taps) per step. Each
+    step is launched before the previous one's token is read, as mlx-lm's generate_step does, so
+    that building one step's graph overlaps computing the last."""
+
+    def launch(token: mx.array):
+        logits, taps = target.step(token)
+        if sampling:
+            nxt = mx.random.categorical(mx.log(sampling.probabilities(logits[None])))
+        else:
+            nxt = mx.argmax(logits, axis=-1, keepdims=True)
+        mx.async_eval(nxt, *taps)
+        return nxt, taps
+
+    step = launch(mx.array([staged]))
+    for i in range(n):
+        token, taps = step
+        if i + 1 < n:
+            step = launch(token)
+        yield token.item(), taps
+
+
+def _plain_cycle(committed: list, token: int, decision, step_ms: float, t: float) -> dict:
+    """A plain step's CycleEvent fields: nothing drafted, the staged token checked alone."""
+    return dict(
+        staged_token=committed[0],
+        drafted=[],
+        confidence=[],
+        verified=0,
+        posterior=[token],
+        accepted_len=0,
+        committed=committed,
+        next_staged=token,
+        kv_trimmed=0,
+        gdn_replayed=0,
+        draft_ms=0.0,
+        verify_ms=step_ms,
+        rollback_ms=0.0,
+        t=t,
+        decision=decision,
     )
 
 

@@ -1,19 +1,49 @@
 """Plain records of what the engines did. The UI, CLI, server and benchmark all read these;
 nothing downstream recomputes them."""
 
+from bisect import bisect_right
 from dataclasses import asdict, dataclass, field
 
 from .sampling import Draws, Sampling
 
+# upper edges of the draft-confidence bins acceptance is counted in (the last bin ends at 1)
+CONFIDENCE_EDGES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+
+
+def confidence_bin(c: float) -> int:
+    return bisect_right(CONFIDENCE_EDGES, c)
+
+
+def confidence_outcomes(ev: "CycleEvent"):
+    """(confidence bin, accepted) of each proposal a cycle tells about: the verified ones up to
+    and including the first rejection."""
+    for k in range(min(ev.accepted_len + 1, ev.verified)):
+        yield confidence_bin(ev.confidence[k]), k < ev.accepted_len
+
+
+@dataclass
+class Decision:
+    """What the policy chose for one cycle (dflash_core.policy), and why."""
+
+    verified: int  # proposals the target checks
+    plain_step: bool  # no draft forward: a one-token target step (verified 0)
+    expected_tokens: float  # tokens the cycle was expected to commit
+    predicted_steps: float  # its predicted cost, in plain one-token steps
+    step_ms: float  # the cost model's plain step when it decided
+    reason: str  # one line, for the inspector
+
 
 @dataclass
 class CycleEvent:
-    """One DFlash cycle: draft, verify, accept, commit, rollback."""
+    """One DFlash cycle: draft, verify, accept, commit, rollback. A plain step (decision.plain_step)
+    drafts nothing and verifies only the staged token."""
 
     cycle: int  # 0-based
+    block_size: int  # B: the draft's block (its forward proposes B-1 tokens)
     staged_token: int  # the target's own choice, known before this cycle
-    drafted: list  # the draft's B-1 proposals
-    verified: int  # how many of them the target checked: B-1, fewer under min_confidence
+    drafted: list  # the draft's B-1 proposals; [] in a plain step
+    confidence: list  # the draft's probability of each proposal
+    verified: int  # how many of them the target checked (the policy's v)
     posterior: list  # the target's greedy choice after each of the verified + 1 positions
     accepted_len: int  # a: greedy, the longest prefix where drafted == posterior[:-1]; sampling, kept by the draws
     committed: list  # [staged, drafted[:a]] (cut at EOS / max tokens)
@@ -25,15 +55,25 @@ class CycleEvent:
     verify_ms: float
     rollback_ms: float
     t: float  # seconds since decoding started (after prefill), when committed
+    decision: Decision | None = None
     draws: Draws | None = None  # sampling only: p(d), q(d) and the uniform draw per examined proposal
 
     @property
-    def block_size(self) -> int:
-        return len(self.drafted) + 1
+    def plain_step(self) -> bool:
+        return not self.drafted
 
     @property
     def is_bonus(self) -> bool:
-        return self.accepted_len == self.verified
+        return self.accepted_len == self.verified and not self.plain_step
+
+    @property
+    def cycle_ms(self) -> float:
+        return self.draft_ms + self.verify_ms + self.rollback_ms
+
+    @property
+    def measured_steps(self) -> float | None:
+        """The cycle's measured cost in the cost model's plain steps (None without a decision)."""
+        return self.cycle_ms / self.decision.step_ms if self.decision else None
 
 
 @dataclass
@@ -42,15 +82,23 @@ class CycleTally:
     the page's live figures both come from here."""
 
     block_size: int
-    cycles: int = 0
+    cycles: int = 0  # every target forward after prefill, plain steps included
     committed_tokens: int = 0
     drafted_tokens: int = 0  # proposals the target verified
     accepted_tokens: int = 0
-    accepted_per_position: list = None  # k=1..B-1: cycles accepting >= k
+    accepted_per_position: list = None  # k=1..B-1: drafted cycles accepting >= k
+    plain_steps: int = 0
+    verified_rows: list = None  # v = 0..B-1: cycles that verified v proposals (plain steps at 0)
+    cycle_s: float = 0.0  # the cycles' measured draft + verify + rollback time
+    by_confidence: list = None  # per confidence bin: [accepted, verified up to the first rejection]
 
     def __post_init__(self):
+        if self.by_confidence is None:
+            self.by_confidence = [[0, 0] for _ in range(len(CONFIDENCE_EDGES) + 1)]
         if self.accepted_per_position is None:
             self.accepted_per_position = [0] * (self.block_size - 1)
+        if self.verified_rows is None:
+            self.verified_rows = [0] * self.block_size
 
     def add(self, ev: CycleEvent) -> "CycleTally":
         self.cycles += 1
@@ -59,6 +107,12 @@ class CycleTally:
         self.accepted_tokens += ev.accepted_len
         for k in range(ev.accepted_len):
             self.accepted_per_position[k] += 1
+        self.plain_steps += ev.plain_step
+        self.verified_rows[ev.verified] += 1
+        self.cycle_s += ev.cycle_ms / 1e3
+        for b, accepted in confidence_outcomes(ev):
+            self.by_confidence[b][0] += accepted
+            self.by_confidence[b][1] += 1
         return self
 
     @classmethod
@@ -78,9 +132,20 @@ class CycleTally:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
+    def drafted_cycles(self) -> int:
+        return self.cycles - self.plain_steps
+
+    @property
+    def tokens_per_drafted_cycle(self) -> float:
+        """What a drafted cycle commits (plain steps commit one each)."""
+        n = self.drafted_cycles
+        return (self.committed_tokens - self.plain_steps) / n if n else 0.0
+
+    @property
     def acceptance_by_position(self) -> list:
-        """Fraction of cycles whose draft was accepted at block position k = 1..B-1."""
-        return [n / self.cycles for n in self.accepted_per_position] if self.cycles else []
+        """Fraction of drafted cycles whose draft was accepted at block position k = 1..B-1."""
+        n = self.drafted_cycles
+        return [k / n for k in self.accepted_per_position] if n else []
 
 
 @dataclass
@@ -106,8 +171,13 @@ class RunSummary:
     cycles: int = 0
     drafted_tokens: int = 0  # proposals the target verified
     accepted_tokens: int = 0
-    accepted_per_position: list = field(default_factory=list)  # k=1..B-1: cycles accepting >= k
+    accepted_per_position: list = field(default_factory=list)  # k=1..B-1: drafted cycles accepting >= k
     sampling: Sampling | None = None  # None: greedy
+    policy: str = ""  # "adaptive" | "fixed" (dflash_core.policy)
+    plain_steps: int = 0
+    verified_rows: list = field(default_factory=list)  # v = 0..B-1: cycles that verified v proposals
+    cycle_s: float = 0.0  # measured draft + verify + rollback time, summed over cycles
+    acceptance_by_confidence: list = field(default_factory=list)  # per confidence bin: [accepted, verified]
 
     @property
     def generated(self) -> int:
@@ -128,6 +198,9 @@ class RunSummary:
             self.drafted_tokens,
             self.accepted_tokens,
             self.accepted_per_position,
+            self.plain_steps,
+            self.verified_rows,
+            self.cycle_s,
         )
 
     @property
@@ -164,6 +237,14 @@ class RunSummary:
                 accepted_tokens=self.accepted_tokens,
                 acceptance_rate=round(self.acceptance_rate, 4),
                 accepted_per_position=list(self.accepted_per_position),
+                policy=self.policy,
+                plain_steps=self.plain_steps,
+                verified_rows=list(self.verified_rows),
+                tokens_per_drafted_cycle=round(self.tally.tokens_per_drafted_cycle, 3),
+                # how much of the decode time the measured cycle phases take: the speedup achieved
+                # over the speedup the measured tokens per cycle and costs allow
+                engine_efficiency=round(self.cycle_s / self.decode_s, 4) if self.decode_s > 0 else None,
+                acceptance_by_confidence=self.acceptance_by_confidence,
             )
         return out
 

@@ -2,14 +2,18 @@
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from mlx.utils import tree_flatten
 
 from . import backend, distributed, memory
+from .benchmark import recorded_benchmark
 from .draft import QUANT_GROUP, DraftModel
 from .engine import baseline_generate, dflash_generate, first_divergence
 from .errors import DFlashError
+from .events import CONFIDENCE_EDGES
+from .policy import POLICIES, default_policy
 from .target import Target
 from .tokenizer import encode_prompt
 
@@ -31,6 +35,7 @@ class Pair:
     draft_quant: int = None  # bits of the draft's quantized linear layers; None: as stored
     draft_full_precision: list = field(default_factory=list)  # layers MLX could not quantize
     compute_dtype: object = None  # the dtype both models compute in (None: each its weights' own)
+    cost_profiles: dict = field(default_factory=dict)  # the policy's probed costs (engine.dflash_generate)
 
     @property
     def block_size(self) -> int:
@@ -109,12 +114,14 @@ class Pair:
         draft_fn=None,
         min_confidence=None,
         sampling=None,
+        policy=None,
     ):
         """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread.
-        min_confidence None: the backend's default (backend.default_min_confidence); sampling
-        None: greedy."""
+        policy None: policy.default_policy; the fixed policy's min_confidence None: the backend's
+        default (backend.default_min_confidence); sampling None: greedy."""
         block_size = self.block_size if block_size is None else block_size
         self.check_request(prompt_ids, max_tokens, block_size)
+        policy = self.policy_for(policy, min_confidence, sampling)
         if min_confidence is None:
             min_confidence = backend.default_min_confidence()
         return self._run(
@@ -128,11 +135,36 @@ class Pair:
                 eos_ids=self.eos_ids,
                 should_stop=should_stop,
                 draft_fn=draft_fn,
+                policy=policy,
                 min_confidence=min_confidence,
+                cost_profiles=self.cost_profiles,
+                acceptance_prior=self.acceptance_prior,
                 sampling=sampling,
                 draft_vocab=self.draft_vocab,
             ),
         )
+
+    @staticmethod
+    def policy_for(policy=None, min_confidence=None, sampling=None) -> str:
+        """The policy a run takes: `policy`, or else policy.default_policy; in a group of
+        processes the fixed one (every rank must take the same decisions: no timing in them)."""
+        grouped = distributed.size() > 1
+        policy = policy or ("fixed" if grouped else default_policy(min_confidence, sampling))
+        if policy not in POLICIES:
+            raise DFlashError(f"policy '{policy}' is not one of {', '.join(POLICIES)}")
+        if grouped and policy == "adaptive":
+            raise DFlashError(
+                "the adaptive policy decides from each process's own timings, which the processes of a "
+                "group would not agree on: use --policy fixed under mlx.launch"
+            )
+        return policy
+
+    @cached_property
+    def acceptance_prior(self) -> list | None:
+        """The draft's acceptance by confidence as its recorded benchmark for this kind of device
+        measured it (the adaptive policy's starting point), or None."""
+        table = ((recorded_benchmark(self.draft_dir) or {}).get("summary") or {}).get("acceptance_by_confidence")
+        return table if isinstance(table, list) and len(table) == len(CONFIDENCE_EDGES) + 1 else None
 
     @property
     def draft_vocab(self) -> tuple | None:
@@ -188,7 +220,9 @@ class Pair:
                     max_tokens=16,
                     block_size=self.block_size,
                     eos_ids=set(),
+                    policy="fixed",
                     min_confidence=backend.default_min_confidence(),
+                    cost_profiles=self.cost_profiles,
                     draft_vocab=self.draft_vocab,
                 )
             for _ in runs:

@@ -69,6 +69,8 @@ def speculative_accept(drafted: list, q: mx.array, p: mx.array) -> tuple:
     """drafted: n proposals, q: (n, V) the distributions they were drawn from, p: (n + 1, V) the
     target's. Returns (accepted_len, next_token, Draws)."""
     n = len(drafted)
+    if n == 0:  # a plain step: the next token is drawn from p, as plain sampling draws it
+        return 0, sample(p[0]), Draws([], [], [])
     rows, picked = mx.arange(n), mx.array(drafted)
     p_d, q_d, u = p[rows, picked], q[rows, picked], mx.random.uniform(shape=(n,))
     mx.eval(p_d, q_d, u)

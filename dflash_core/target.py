@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.models.base import gather_last_axis
-from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
 
 from .errors import DFlashError
 
@@ -209,9 +209,10 @@ class Target:
             _ACTIVE = None
         return h, rec
 
-    def _forward(self, ids: list, tape_gdn: bool):
-        """(normed final hidden, [tapped hidden states in tap_ids order]) through the cache."""
-        h, rec = self._recorded(mx.array(ids)[None], self.cache, tape_gdn)
+    def _forward(self, ids, tape_gdn: bool):
+        """(normed final hidden, [tapped hidden states in tap_ids order]) through the cache;
+        ids: a list, or a 1-D array still on the device."""
+        h, rec = self._recorded(mx.array(ids)[None] if isinstance(ids, list) else ids[None], self.cache, tape_gdn)
         self._tapes = (
             [GDNTape(c, args, kw) for c, (args, kw) in zip(rec.conv, rec.gdn)] if rec.gdn is not None else None
         )
@@ -238,6 +239,12 @@ class Target:
             on_taps(taps)
         return self.head(h[:, -1])[0]
 
+    def step(self, token: mx.array):
+        """A plain one-token step (token: shape (1,), on the device, possibly not computed yet):
+        the logits after it and its taps. Nothing to roll back, so no GDN tapes."""
+        h, taps = self._forward(token, tape_gdn=False)
+        return self.head(h[:, -1])[0], taps
+
     def verify(self, ids: list):
         """One forward over the block; logits for every position, taps, and GDN tapes."""
         h, taps = self._forward(ids, tape_gdn=True)
@@ -245,9 +252,10 @@ class Target:
 
     def rollback(self, kept: int, fed: int):
         """Make the cache hold exactly the committed tokens: of the `fed` tokens of the last
-        verify, keep the first `kept`."""
+        verify, keep the first `kept`. A verify whose tokens were all kept needs nothing undone."""
         for (i, module, recurrence), tape in zip(self.gdn_layers, self._tapes or ()):
-            rollback_gdn(self.cache[i], tape, kept, module.conv_kernel_size, recurrence)
+            if kept < fed:
+                rollback_gdn(self.cache[i], tape, kept, module.conv_kernel_size, recurrence)
         for i, c in enumerate(self.cache):
             if i not in self._gdn_ids:
                 rollback_kv(c, fed - kept)
@@ -272,6 +280,11 @@ def rollback_kv(cache, n_drop: int):
     """Attention caches: forget the last n_drop entries."""
     if n_drop and cache.trim(n_drop) != n_drop:
         raise RuntimeError(f"{type(cache).__name__} could not drop {n_drop} entries")
+    if n_drop and isinstance(cache, RotatingKVCache):
+        # A sliding window's buffer after a many-row verify is in temporal order, and trim() only
+        # moves its write index: the dropped entries stay at the end. A one-token step (a plain
+        # step) writes in place and takes the whole buffer as the window, so cut them off.
+        cache.keys, cache.values = cache.keys[..., : cache._idx, :], cache.values[..., : cache._idx, :]
 
 
 def rollback_gdn(cache: ArraysCache, tape: GDNTape, kept: int, kernel: int, recurrence):

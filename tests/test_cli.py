@@ -122,8 +122,10 @@ def test_text_stream_keeps_a_replys_leading_space(tmp_path, scheme):
 def _cycle(i: int, committed: list) -> CycleEvent:
     return CycleEvent(
         cycle=i,
+        block_size=2,
         staged_token=committed[0],
         drafted=[],
+        confidence=[],
         verified=0,
         posterior=[],
         accepted_len=0,
@@ -149,7 +151,7 @@ def test_generate_prints_characters_split_over_cycles_whole(qwen3_pair, monkeypa
     cycles = [tokens[i : i + 2] for i in range(0, len(tokens), 2)]
     assert any("\ufffd" in pair.tokenizer.decode(c) for c in cycles)  # the script does split characters
 
-    def scripted(ids, max_tokens, block_size=None, min_confidence=None, sampling=None):
+    def scripted(ids, max_tokens, block_size=None, min_confidence=None, sampling=None, policy=None):
         yield from (_cycle(i, c) for i, c in enumerate(cycles))
         yield RunSummary(
             engine="dflash",

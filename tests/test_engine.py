@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from code_prompts import PROMPTS
 
-from dflash_core.engine import accepted_length, confident_prefix, oracle_draft
+from dflash_core.engine import accepted_length, oracle_draft
 from dflash_core.events import CycleEvent, RunSummary
+from dflash_core.policy import confident_prefix
 from dflash_core.random_models import FAMILIES
 from dflash_core.target import Target
 
@@ -131,7 +132,13 @@ def test_summary_counts_match_cycles(random_pairs):
     ids = pair.encode(PROMPTS[1], chat_template=False)
     _, base = run(pair.baseline(ids, 60))
     cycles, s = run(
-        pair.dflash(ids, 60, 8, draft_fn=_corrupting_draft(base.tokens, len(ids), 500, random.Random(1), "partly"))
+        pair.dflash(
+            ids,
+            60,
+            8,
+            draft_fn=_corrupting_draft(base.tokens, len(ids), 500, random.Random(1), "partly"),
+            policy="fixed",
+        )
     )
     assert s.accepted_tokens == sum(ev.accepted_len for ev in cycles)
     assert s.drafted_tokens == 7 * len(cycles)

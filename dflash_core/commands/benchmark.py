@@ -8,16 +8,18 @@ from .. import distributed
 from ..argtypes import positive_int, probability, whole_number
 from ..benchmark import divergence_line, load_prompts, run_benchmark
 from ..errors import DFlashError
+from ..policy import POLICIES
 from .common import (
     add_block_size_args,
     add_chat_template_args,
-    add_min_confidence_arg,
     add_pair_args,
+    add_policy_args,
     add_sampling_args,
     block_size,
     chat_template_of,
     load,
     log,
+    policy_of,
     sampling_of,
 )
 
@@ -32,7 +34,7 @@ def add_parser(sub):
     p.add_argument("--repeat", type=positive_int, default=3)
     add_block_size_args(p)
     add_chat_template_args(p)
-    add_min_confidence_arg(p)
+    add_policy_args(p)
     add_sampling_args(p)
     p.add_argument(
         "--oracle",
@@ -40,6 +42,11 @@ def add_parser(sub):
         help="also run an oracle draft (the target's own continuation): the ceiling at full acceptance",
     )
     p.add_argument("--sweep", help="comma-separated block sizes to sweep, e.g. 4,8,12,16")
+    p.add_argument(
+        "--policy-sweep",
+        help="comma-separated policies to run side by side with --policy, e.g. fixed (the fixed one "
+        "at --min-confidence or the device's default)",
+    )
     p.add_argument(
         "--confidence-sweep", help="comma-separated --min-confidence values to run side by side, e.g. 0,0.2,0.4"
     )
@@ -55,6 +62,12 @@ def _numbers(text: str, option: str, kind, what: str) -> list:
         return [kind(x) for x in text.split(",") if x.strip()]
     except (ValueError, argparse.ArgumentTypeError):
         raise DFlashError(f"{option} '{text}' is not a comma-separated list of {what}") from None
+
+
+def _policy(name: str) -> str:
+    if name not in POLICIES:
+        raise ValueError(name)
+    return name
 
 
 def _rounded(value):
@@ -75,6 +88,8 @@ def run(args) -> int:
         if args.confidence_sweep
         else []
     )
+    policies = _numbers(args.policy_sweep, "--policy-sweep", _policy, "policies") if args.policy_sweep else []
+    policy = policy_of(args)
     sampling = sampling_of(args)
     if sampling and args.oracle:
         raise DFlashError("--oracle replays greedy decoding: drop it, or use --temperature 0")
@@ -97,6 +112,8 @@ def run(args) -> int:
         oracle=args.oracle,
         sweep=sweep,
         log=log,
+        policy=policy,
+        policy_sweep=policies,
         min_confidence=args.min_confidence,
         confidence_sweep=levels,
         sampling=sampling,

@@ -9,6 +9,7 @@ from .. import distributed
 from ..argtypes import positive_int, probability, temperature, top_p
 from ..errors import DFlashError
 from ..loading import DRAFT_QUANT_BITS, load_pair
+from ..policy import POLICIES
 
 
 def add_pair_args(p):
@@ -121,13 +122,29 @@ def load(args):
     return pair
 
 
-def add_min_confidence_arg(p):
+def add_policy_args(p):
+    """--policy and the fixed policy's --min-confidence (which implies it)."""
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        help="adaptive (default): a cost model of this device decides each cycle between a plain "
+        "target step and drafting, and how many proposals to verify; fixed: verify the block's "
+        "leading proposals down to --min-confidence (the default when --min-confidence or a "
+        "sampling --seed is given: a seeded run repeats exactly only under it)",
+    )
     p.add_argument(
         "--min-confidence",
         type=probability,
-        help="verify only the leading draft tokens the draft gives at least this probability "
-        "(the first always); 0 verifies all B-1 (default: 0.2 on a CPU, 0 on a GPU)",
+        help="the fixed policy: verify only the leading draft tokens the draft gives at least this "
+        "probability (the first always); 0 verifies all B-1 (default: 0.2 on a CPU, 0 on a GPU)",
     )
+
+
+def policy_of(args) -> str | None:
+    """The policy the flags ask for; None: the engine's default (policy.default_policy)."""
+    if args.policy == "adaptive" and args.min_confidence is not None:
+        raise DFlashError("--min-confidence sets the fixed policy: drop it, or give --policy fixed")
+    return args.policy
 
 
 def add_sampling_args(p):

@@ -12,13 +12,14 @@ from ..tokenizer import TextStream
 from .common import (
     add_block_size_args,
     add_chat_template_args,
-    add_min_confidence_arg,
     add_pair_args,
+    add_policy_args,
     add_sampling_args,
     block_size,
     chat_template_of,
     load,
     log,
+    policy_of,
     sampling_of,
 )
 
@@ -31,7 +32,7 @@ def add_parser(sub):
     add_chat_template_args(p)
     p.add_argument("--max-tokens", "-m", type=whole_number, default=256, help="most tokens to generate (default 256)")
     add_block_size_args(p)
-    add_min_confidence_arg(p)
+    add_policy_args(p)
     add_sampling_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument(
@@ -65,7 +66,12 @@ def run(args) -> int:
     stream = TextStream(pair.tokenizer, pair.eos_ids)  # the text view's output
     summary = None
     for ev in pair.dflash(
-        ids, args.max_tokens, block_size(args, pair), min_confidence=args.min_confidence, sampling=sampling
+        ids,
+        args.max_tokens,
+        block_size(args, pair),
+        min_confidence=args.min_confidence,
+        sampling=sampling,
+        policy=policy_of(args),
     ):
         if isinstance(ev, CycleEvent) and not args.json:
             print(stream.add(ev.committed), end="", flush=True)
@@ -93,12 +99,11 @@ def run(args) -> int:
         print(json.dumps(out))
         return 0
     s = summary
+    knob = f"--min-confidence {s.min_confidence:g}" if s.policy == "fixed" else f"{s.plain_steps} plain steps"
     checked = (
-        (
-            f" (the target checked {s.drafted_tokens / s.cycles:.1f} of {s.block_size - 1} proposals per cycle, "
-            f"--min-confidence {s.min_confidence:g})"
-        )
-        if s.min_confidence > 0 and s.cycles
+        f" ({s.policy} policy: the target checked {s.drafted_tokens / s.cycles:.1f} of {s.block_size - 1} "
+        f"proposals per cycle, {knob})"
+        if s.cycles
         else ""
     )
     log(

@@ -1,0 +1,262 @@
+"""How much of each block the target verifies, cycle by cycle.
+
+The adaptive policy maximises expected committed tokens per expected second. It rests on
+- a cost model of this device, pair and context (`CostModel`): a short probe at first use gives
+  the shape (a draft forward, target forwards of 1..B rows), and the engine's own timing of every
+  cycle keeps its scale current as the context grows or the machine slows;
+- an acceptance predictor (`AcceptancePredictor`): the chance that a proposal is accepted, given
+  that the ones before it were and the draft's own probability of it, starting from a prior the
+  draft ships and calibrated on the run's own cycles.
+Before a cycle it decides between drafting and a plain target step (v = 0: no draft forward is
+paid); after drafting, how many proposals v to verify. A run in plain steps drafts again now and
+then (a probe, at doubling intervals), so text that turns predictable is noticed. The fixed policy
+verifies the draft's confident prefix of a whole block (`--min-confidence`) and never steps plainly.
+"""
+
+import math
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .events import CONFIDENCE_EDGES, CycleEvent, Decision, confidence_bin, confidence_outcomes
+
+POLICIES = ("adaptive", "fixed")
+PRIOR_TRIALS = 8  # the prior weighs as this many observed proposals per bin: the run soon outweighs it
+EWMA = 0.3  # weight of the newest cycle in the running figures: a few cycles follow a change of text
+MAX_PROBE_WAIT = 32  # most plain steps between two probes
+
+
+def _bin_middle(b: int) -> float:
+    lo = CONFIDENCE_EDGES[b - 1] if b else 0.0
+    hi = CONFIDENCE_EDGES[b] if b < len(CONFIDENCE_EDGES) else 1.0
+    return (lo + hi) / 2
+
+
+def default_policy(min_confidence=None, sampling=None) -> str:
+    """Adaptive, unless a --min-confidence asks for the fixed policy, or a seeded sampling run
+    must repeat its output exactly: the adaptive policy's choices follow measured time, and a
+    plain step draws its random numbers otherwise than a drafted cycle (the distribution stays
+    the target's either way)."""
+    fixed = min_confidence is not None or (sampling is not None and sampling.seed is not None)
+    return "fixed" if fixed else "adaptive"
+
+
+class AcceptancePredictor:
+    """P(proposal k accepted | proposals before k accepted, the draft's probability of it), kept as
+    hits / trials per confidence bin. The prior is the draft's shipped table (its benchmark's
+    `acceptance_by_confidence`, scaled to PRIOR_TRIALS per bin), or else the bin's own confidence
+    (a calibrated draft's probability is its acceptance chance)."""
+
+    def __init__(self, prior: list = None):
+        self.counts = []
+        for b in range(len(CONFIDENCE_EDGES) + 1):
+            hits, trials = prior[b] if prior and prior[b][1] > 0 else (_bin_middle(b), 1.0)
+            w = PRIOR_TRIALS / trials
+            self.counts.append([hits * w, trials * w])
+
+    def p(self, confidence: list) -> list:
+        return [h / n for h, n in (self.counts[confidence_bin(c)] for c in confidence)]
+
+    def observe(self, ev: CycleEvent):
+        for b, accepted in confidence_outcomes(ev):
+            self.counts[b][0] += accepted
+            self.counts[b][1] += 1
+
+
+@dataclass
+class CostProfile:
+    """Seconds measured once for a pair on this device: the draft's forward over a block, and
+    target forwards of 1..B rows (`verify_s[r - 1]`, interpolated between the probed row counts)."""
+
+    draft_s: float
+    verify_s: list
+
+    @property
+    def block_size(self) -> int:
+        return len(self.verify_s)
+
+
+def _interpolated(points: dict, n: int) -> list:
+    rows = sorted(points)
+    out = []
+    for r in range(1, n + 1):
+        hi = next(x for x in rows if x >= r)
+        lo = max(x for x in rows if x <= r)
+        w = 0 if hi == lo else (r - lo) / (hi - lo)
+        out.append(points[lo] * (1 - w) + points[hi] * w)
+    return out
+
+
+def probe_costs(target, draft, head, block_size: int, context_ids: list, repeats: int = 2) -> CostProfile:
+    """Time the draft's forward and target forwards of a few row counts on a short context (the
+    target's cache is reset by the run's own prefill afterwards). Fastest of `repeats`: noise only
+    ever adds time."""
+    from .draft import DraftContext
+
+    ctx = DraftContext(draft)
+    target.prefill(context_ids, on_taps=ctx.extend)
+    mx.eval(*(c.state for c in target.cache))
+    rows = sorted({1, 2, max(2, block_size // 2), block_size})
+    fill = (context_ids * block_size)[:block_size]
+
+    def timed(fn) -> float:
+        best = math.inf
+        for _ in range(repeats + 1):  # the first also warms up
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    def verify(r):
+        logits, _ = target.verify(fill[:r])
+        mx.eval(mx.argmax(logits, axis=-1))
+        target.rollback(kept=1, fed=r)
+        mx.eval(target.gdn_state())
+
+    def propose():
+        block = target.embed(mx.array(fill[:1] + [draft.config.mask_token_id] * (block_size - 1)))[None]
+        logits = head.logits(draft(block, ctx.kv, ctx.length)[:, 1:])[0]
+        mx.eval(mx.argmax(logits, axis=-1), mx.logsumexp(logits, axis=-1))
+
+    verify_s = {r: timed(lambda r=r: verify(r)) for r in rows}
+    return CostProfile(timed(propose), _interpolated(verify_s, block_size))
+
+
+class CostModel:
+    """Predicted seconds of a plain step and of a drafted cycle that verifies v proposals: the
+    probe's shape times a scale per kind, each an EWMA of measured / probed over the run's own
+    cycles (they include rollback and the draft context's growth). Until a kind has been seen it
+    follows the other's scale."""
+
+    def __init__(self, profile: CostProfile):
+        self.profile = profile
+        self.scale = {"plain": None, "drafted": None}
+
+    def _scale(self, kind: str) -> float:
+        other = "drafted" if kind == "plain" else "plain"
+        return self.scale[kind] or self.scale[other] or 1.0
+
+    def plain_s(self) -> float:
+        return self.profile.verify_s[0] * self._scale("plain")
+
+    def cycle_s(self, v: int) -> float:
+        p = self.profile
+        return (p.draft_s + p.verify_s[v]) * self._scale("drafted")
+
+    def observe(self, plain: bool, v: int, seconds: float):
+        kind = "plain" if plain else "drafted"
+        p = self.profile
+        ratio = seconds / (p.verify_s[0] if plain else p.draft_s + p.verify_s[v])
+        old = self.scale[kind]
+        self.scale[kind] = ratio if old is None else math.exp((1 - EWMA) * math.log(old) + EWMA * math.log(ratio))
+
+
+def confident_prefix(confidence: list, min_confidence: float) -> int:
+    """How many leading proposals go to the target: the first always, then each while the
+    draft's top-1 probability stays >= min_confidence (0 sends all)."""
+    k = 1
+    while k < len(confidence) and confidence[k] >= min_confidence:
+        k += 1
+    return k
+
+
+def expected_tokens(p_accept: list, v: int) -> float:
+    """1 (the staged token) + the chance that each of the first v proposals survives."""
+    total, survive = 1.0, 1.0
+    for p in p_accept[:v]:
+        survive *= p
+        total += survive
+    return total
+
+
+class Policy:
+    """One run's verification policy: adaptive (`min_confidence` None) or fixed."""
+
+    def __init__(self, block_size: int, costs: CostModel, acceptance: AcceptancePredictor, min_confidence=None):
+        self.B = block_size
+        self.costs = costs
+        self.acceptance = acceptance
+        self.min_confidence = min_confidence
+        self.drafted_tokens = None  # EWMA of tokens committed by drafted cycles
+        self.drafted_s = None  # EWMA of their measured seconds
+        self.plain_streak = 0
+        self.probe_wait = 1
+
+    @property
+    def adaptive(self) -> bool:
+        return self.min_confidence is None
+
+    @property
+    def name(self) -> str:
+        return "adaptive" if self.adaptive else "fixed"
+
+    def _drafting_rate(self) -> float:
+        return self.drafted_tokens / self.drafted_s
+
+    def before_draft(self) -> tuple:
+        """(a plain step's Decision, how many plain steps to take before drafting again), or
+        (None, 0): draft."""
+        if not self.adaptive or self.drafted_tokens is None:
+            return None, 0
+        plain_s = self.costs.plain_s()
+        if self._drafting_rate() >= 1 / plain_s:
+            return None, 0
+        if self.plain_streak >= self.probe_wait:
+            return None, 0  # a probe: after_draft says so
+        steps = self.drafted_s / plain_s
+        decision = Decision(
+            verified=0,
+            plain_step=True,
+            expected_tokens=1.0,
+            predicted_steps=1.0,
+            step_ms=plain_s * 1e3,
+            reason=f"plain step: drafting has been committing {self.drafted_tokens:.1f} tokens for {steps:.1f} steps",
+        )
+        return decision, self.probe_wait - self.plain_streak
+
+    def after_draft(self, confidence: list) -> Decision:
+        """How many proposals to verify, given the draft's probability of each."""
+        plain_s = self.costs.plain_s()
+        p = self.acceptance.p(confidence)
+        probe = self.adaptive and self.drafted_tokens is not None and self._drafting_rate() < 1 / plain_s
+        if self.adaptive:
+            # The draft is paid for; each further row must earn more than the best rate on hand
+            # (Dinkelbach's criterion for a rate: maximise tokens - rate * seconds).
+            rate = max(1 / plain_s, self._drafting_rate() if self.drafted_tokens else 0.0)
+            v = max(range(self.B), key=lambda n: expected_tokens(p, n) - rate * self.costs.cycle_s(n))
+        elif self.min_confidence > 0:
+            v = confident_prefix(confidence, self.min_confidence)
+        else:
+            v = self.B - 1
+        tokens, steps = expected_tokens(p, v), self.costs.cycle_s(v) / plain_s
+        why = f"expected {tokens:.1f} tokens for {steps:.1f} steps"
+        if v < self.B - 1:
+            why += f"; proposal {v + 1} would be accepted with chance {p[v]:.0%}"
+        if probe:
+            reason = f"probe after {self.plain_streak} plain steps: verify {v} of {self.B - 1}, {why}"
+        elif self.adaptive:
+            reason = f"verify {v} of {self.B - 1}: {why}"
+        else:
+            reason = f"fixed policy (min confidence {self.min_confidence:g}): verify {v} of {self.B - 1}, {why}"
+        return Decision(v, False, tokens, steps, plain_s * 1e3, reason)
+
+    def observe(self, ev: CycleEvent, seconds: float):
+        """A finished cycle: its timing and outcome update the models."""
+        plain = ev.decision.plain_step
+        self.costs.observe(plain, ev.verified, seconds)
+        if plain:
+            self.plain_streak += 1
+            return
+        self.acceptance.observe(ev)
+        was_probe = self.plain_streak > 0
+        tokens = ev.accepted_len + 1
+        if self.drafted_tokens is None:
+            self.drafted_tokens, self.drafted_s = float(tokens), seconds
+        else:
+            self.drafted_tokens += EWMA * (tokens - self.drafted_tokens)
+            self.drafted_s += EWMA * (seconds - self.drafted_s)
+        if was_probe:  # a failed probe waits twice as long for the next; a good one ends the streak
+            paid = self._drafting_rate() >= 1 / self.costs.plain_s()
+            self.probe_wait = 1 if paid else min(2 * self.probe_wait, MAX_PROBE_WAIT)
+        self.plain_streak = 0

@@ -1,0 +1,229 @@
+"""The verification policy: its models and decisions, and that no decision changes the output."""
+
+import itertools
+import random
+
+import mlx.core as mx
+import pytest
+from code_prompts import PROMPTS
+from test_engine import MORE_ARCHITECTURES, _corrupting_draft, architecture_dirs, run  # noqa: F401 (a fixture)
+from test_sampling import CHI2_999, chi_square, sharp_pair, target_two_tokens  # noqa: F401 (a fixture)
+
+from dflash_core import engine
+from dflash_core.events import CONFIDENCE_EDGES, CycleEvent, Decision
+from dflash_core.policy import (
+    PRIOR_TRIALS,
+    AcceptancePredictor,
+    CostModel,
+    CostProfile,
+    Policy,
+    default_policy,
+    expected_tokens,
+)
+from dflash_core.sampling import Sampling
+
+# --- the models ------------------------------------------------------------------------------------
+
+
+def test_expected_tokens_counts_the_staged_token_and_each_surviving_prefix():
+    assert expected_tokens([0.5, 0.5, 0.5], 0) == 1.0
+    assert expected_tokens([0.5, 0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens([1.0, 0.0, 1.0], 3) == pytest.approx(2.0)  # nothing survives a sure miss
+
+
+def _cycle(confidence, verified, accepted_len) -> CycleEvent:
+    return CycleEvent(
+        cycle=0,
+        block_size=len(confidence) + 1,
+        staged_token=0,
+        drafted=[1] * len(confidence),
+        confidence=confidence,
+        verified=verified,
+        posterior=[1] * (verified + 1),
+        accepted_len=accepted_len,
+        committed=[0] + [1] * accepted_len,
+        next_staged=1,
+        kv_trimmed=verified - accepted_len,
+        gdn_replayed=0,
+        draft_ms=1.0,
+        verify_ms=1.0,
+        rollback_ms=0.0,
+        t=0.0,
+        decision=Decision(verified, False, 1.0, 1.0, 1.0, ""),
+    )
+
+
+def test_the_predictor_starts_from_its_prior_and_learns_the_runs_own_rate():
+    prior = [[0, 0]] * len(CONFIDENCE_EDGES) + [[90, 100]]  # the top bin: 90 % accepted
+    acc = AcceptancePredictor(prior)
+    assert acc.p([0.999])[0] == pytest.approx(0.9)
+    assert acc.p([0.25])[0] == pytest.approx(0.25)  # no prior figure: the bin's own confidence
+    for _ in range(200):  # this run: the top bin's first proposal is always rejected
+        acc.observe(_cycle([0.999, 0.999], 2, 0))
+    assert acc.p([0.999])[0] < 0.1
+    # only what the cycle tells counts: the proposal after the first rejection was not judged
+    before = [row[:] for row in acc.counts]
+    acc.observe(_cycle([0.999, 0.15], 2, 0))
+    assert acc.counts[-1][1] == before[-1][1] + 1 and acc.counts[2] == before[2]
+    assert acc.counts[-1][1] - 200 - 1 == pytest.approx(PRIOR_TRIALS)
+
+
+def test_the_cost_model_follows_measured_time_per_kind():
+    costs = CostModel(CostProfile(draft_s=0.01, verify_s=[0.1, 0.11, 0.12, 0.15]))
+    assert costs.cycle_s(3) == pytest.approx(0.16)
+    for _ in range(30):  # the drafted cycles run twice as slow as probed (a longer context, say)
+        costs.observe(False, 3, 0.32)
+    assert costs.cycle_s(1) == pytest.approx(2 * 0.12, rel=1e-3)
+    assert costs.plain_s() == pytest.approx(2 * 0.1, rel=1e-3)  # not seen yet: follows the other kind
+    costs.observe(True, 0, 0.1)
+    assert costs.plain_s() == pytest.approx(0.1)
+
+
+def _policy(verify_s, draft_s=0.01, prior=None, B=8):
+    return Policy(B, CostModel(CostProfile(draft_s, verify_s)), AcceptancePredictor(prior))
+
+
+def test_cheap_rows_verify_the_whole_block_and_dear_rows_only_the_likely_proposals():
+    cheap = _policy([0.1] * 8)
+    assert cheap.after_draft([0.9] * 7).verified == 7
+    dear = _policy([0.1 + 0.05 * r for r in range(8)])  # each row costs half a plain step
+    d = dear.after_draft([0.99, 0.97, 0.3, 0.06, 0.06, 0.06, 0.06])  # worth it while survival > 1/2
+    assert d.verified == 2 and not d.plain_step
+    assert d.expected_tokens == pytest.approx(expected_tokens(dear.acceptance.p([0.99, 0.97]), 2))
+    assert "verify 2 of 7" in d.reason and "proposal 3" in d.reason
+
+
+def test_plain_steps_when_drafting_does_not_pay_and_probes_at_doubling_intervals():
+    pol = _policy([0.1] * 8, draft_s=0.1)  # a drafted cycle costs two plain steps
+    assert pol.before_draft() == (None, 0)  # the first cycle drafts: nothing is known yet
+    waits = []
+    for _ in range(5):
+        d = pol.after_draft([0.5] * 7)
+        pol.observe(_cycle([0.5] * 7, d.verified, 0), 0.2)  # one token for two steps' time
+        plain, n = pol.before_draft()
+        assert plain.plain_step and plain.verified == 0 and "plain step" in plain.reason
+        waits.append(n)
+        for _ in range(n):
+            pol.observe(_plain(plain), 0.1)
+        assert pol.before_draft() == (None, 0)  # the probe
+        assert "probe after" in pol.after_draft([0.5] * 7).reason
+    assert waits == [1, 2, 4, 8, 16]
+    d = pol.after_draft([0.99] * 7)  # the text turned predictable: the probe is accepted whole
+    pol.observe(_cycle([0.99] * 7, d.verified, d.verified), 0.2)
+    assert pol.before_draft() == (None, 0)  # and the policy drafts again
+
+
+def _plain(decision) -> CycleEvent:
+    ev = _cycle([], 0, 0)
+    ev.decision = decision
+    return ev
+
+
+def test_the_fixed_policy_never_steps_plainly_and_keeps_its_threshold():
+    pol = Policy(8, CostModel(CostProfile(0.1, [0.1] * 8)), AcceptancePredictor(), min_confidence=0.5)
+    for _ in range(5):
+        pol.observe(_cycle([0.5] * 7, 7, 0), 10.0)
+    assert pol.before_draft() == (None, 0)
+    assert pol.after_draft([0.9, 0.6, 0.3, 0.9, 0.9, 0.9, 0.9]).verified == 2
+    assert pol.name == "fixed"
+
+
+def test_default_policy():
+    assert default_policy() == "adaptive"
+    assert default_policy(min_confidence=0.2) == "fixed"
+    assert default_policy(sampling=Sampling(0.7, seed=3)) == "fixed"  # a seeded run repeats exactly
+    assert default_policy(sampling=Sampling(0.7)) == "adaptive"
+
+
+# --- lossless whatever it decides ---------------------------------------------------------------------
+
+
+class ScriptedPolicy(Policy):
+    """Interleaves plain-step streaks of 1-3 steps with drafted cycles verifying every v in turn."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.streaks = itertools.cycle([0, 1, 0, 3, 2, 0])
+        self.sizes = itertools.cycle(range(self.B))
+
+    def before_draft(self):
+        n = next(self.streaks)
+        return (Decision(0, True, 1.0, 1.0, 1.0, "scripted plain step"), n) if n else (None, 0)
+
+    def after_draft(self, confidence):
+        return Decision(next(self.sizes), False, 1.0, 1.0, 1.0, "scripted")
+
+
+@pytest.fixture()
+def scripted(monkeypatch):
+    monkeypatch.setattr(engine, "Policy", ScriptedPolicy)
+
+
+def _interleaved(cycles) -> set:
+    """Checks the plain steps; returns the verify sizes that occurred."""
+    plain = [ev for ev in cycles if ev.plain_step]
+    assert plain and all(ev.verified == 0 and not ev.drafted and len(ev.committed) <= 1 for ev in plain)
+    return {ev.verified for ev in cycles if not ev.plain_step}
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "llama"])
+def test_interleaved_plain_steps_and_every_verify_size_are_lossless(random_pairs, family, scripted):
+    pair = random_pairs[family]
+    vocab, sizes = pair.draft.config.vocab_size, set()
+    for prompt in PROMPTS[:2]:
+        ids = pair.encode(prompt, chat_template=False)
+        _, base = run(pair.baseline(ids, 48))
+        for draft_fn in (None, _corrupting_draft(base.tokens, len(ids), vocab, random.Random(2), "partly")):
+            cycles, ours = run(pair.dflash(ids, 48, 6, draft_fn=draft_fn, policy="adaptive"))
+            assert ours.tokens == base.tokens, (family, prompt)
+            assert [t for ev in cycles for t in ev.committed] == ours.tokens
+            assert ours.plain_steps == sum(ev.plain_step for ev in cycles)
+            sizes |= _interleaved(cycles)
+    assert sizes == set(range(6))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama-sliding", "gemma3_text", "qwen3_5_moe"])
+def test_interleaving_is_lossless_on_sliding_window_and_moe_hybrid_targets(request, name, scripted):
+    from dflash_core.loading import load_pair
+
+    pair = load_pair(*map(str, request.getfixturevalue("architecture_dirs")(name)))
+    sizes = set()
+    for prompt in PROMPTS[1:3]:
+        ids = pair.encode(prompt, chat_template=False)
+        _, base = run(pair.baseline(ids, 48))
+        cycles, ours = run(pair.dflash(ids, 48, 6, policy="adaptive"))
+        assert ours.tokens == base.tokens, name
+        sizes |= _interleaved(cycles)
+    assert sizes == set(range(6))
+
+
+assert set(MORE_ARCHITECTURES) == {"llama-sliding", "gemma3_text", "qwen3_5_moe"}
+
+
+def test_the_adaptive_policy_is_lossless_and_reports_its_decisions(random_pairs):
+    pair = random_pairs["qwen3_5"]
+    ids = pair.encode(PROMPTS[0], chat_template=False)
+    _, base = run(pair.baseline(ids, 40))
+    cycles, ours = run(pair.dflash(ids, 40))
+    assert ours.tokens == base.tokens and ours.policy == "adaptive"
+    assert all(ev.decision and ev.decision.reason and ev.decision.step_ms > 0 for ev in cycles)
+    assert sum(ours.verified_rows) == ours.cycles == len(cycles)
+    assert ours.verified_rows[0] >= ours.plain_steps
+    assert 0 < ours.stats()["engine_efficiency"] <= 1
+
+
+@pytest.mark.slow
+def test_sampling_keeps_the_targets_distribution_under_interleaving(request, scripted):
+    pair = request.getfixturevalue("sharp_pair")
+    ids = pair.encode("def fib(n):", chat_template=False)
+    s = Sampling(1.0, 1.0)
+    expected = target_two_tokens(pair, ids, s)
+    runs, counts = 500, {}
+    mx.random.seed(11)
+    for _ in range(runs):
+        *cycles, summary = pair.dflash(ids, 3, 4, sampling=s, policy="adaptive")
+        key = tuple(summary.tokens[:2])
+        counts[key] = counts.get(key, 0) + 1
+    stat, dof = chi_square(counts, expected, runs)
+    assert stat < CHI2_999[dof], (stat, dof)
