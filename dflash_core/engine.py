@@ -50,7 +50,7 @@ def dflash_generate(
     policy: str = "adaptive",
     min_confidence: float = 0.0,
     cost_profiles: dict | None = None,
-    acceptance_prior: list | None = None,
+    acceptance_prior: dict | None = None,
     sampling: Sampling | None = None,
     draft_vocab: tuple | None = None,
 ) -> Iterator:
@@ -59,7 +59,7 @@ def dflash_generate(
     verify; "fixed" verifies the whole block, or with min_confidence > 0 only the proposals the
     draft is sure of (see policy.confident_prefix). `cost_profiles`: the pair's cache of probed costs
     (dflash_core.policy.probe_costs), filled here when this block size has none;
-    `acceptance_prior`: the draft's shipped acceptance by confidence. `draft_fn(ctx_tokens, B)`
+    `acceptance_prior`: the draft's shipped acceptance figures (Pair.acceptance_prior). `draft_fn(ctx_tokens, B)`
     replaces the draft model's proposals (the oracle mode of the benchmark and the tests). With
     `sampling` the draft samples its proposals and acceptance is speculative sampling
     (sampling.speculative_accept); without, everything is greedy. With `draft_vocab` the draft
@@ -73,8 +73,9 @@ def dflash_generate(
     rule = Policy(
         B,
         CostModel(profiles[key]),
-        AcceptancePredictor(None if sampling else acceptance_prior),
+        AcceptancePredictor(B, None if sampling else acceptance_prior),
         None if policy == "adaptive" else min_confidence,
+        reads_confidence=backend.on_cpu(),
     )
     mx.reset_peak_memory()
     if sampling:
@@ -131,18 +132,22 @@ def dflash_generate(
                 rows, q = mx.argmax(logits, axis=-1), None
                 sure = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
             proposals = head.token_ids(rows)
-            mx.eval(proposals, sure)
-            drafted, confidence = proposals.tolist(), sure.tolist()
         else:
             drafted, q = draft_fn(prompt_ids + tokens + [staged], B), None
-            confidence = [1.0] * len(drafted)  # a deterministic draft is sure
-        decision = rule.after_draft(confidence)
+            proposals, sure = mx.array(drafted), mx.ones(len(drafted))  # a deterministic draft is sure
+        if rule.reads_confidence:  # where a verified row costs time (a CPU), read the draft's confidence first
+            mx.eval(proposals, sure)
+            decision = rule.after_draft(sure.tolist())
+        else:  # where rows are cheap (a GPU), decide without it: the cycle then syncs with the host once
+            decision = rule.after_draft(None)
         verified = decision.verified
         t_draft = time.perf_counter()
 
         # verify: one target forward over [staged, d0 .. d(verified-1)]
-        logits, taps = target.verify([staged] + drafted[:verified])
-        posterior = mx.argmax(logits, axis=-1).tolist()  # the target's greedy choices
+        logits, taps = target.verify(mx.concatenate([mx.array([staged]), proposals[:verified]]))
+        posterior = mx.argmax(logits, axis=-1)  # the target's greedy choices
+        mx.eval(proposals, sure, posterior)
+        drafted, confidence, posterior = proposals.tolist(), sure.tolist(), posterior.tolist()
         t_verify = time.perf_counter()
 
         # accept + commit: staged plus the accepted prefix; the target's next token is staged
@@ -157,8 +162,7 @@ def dflash_generate(
 
         # rollback: the target keeps exactly the committed tokens; the draft's context grows
         # by their hidden states only
-        target.rollback(kept=a + 1, fed=verified + 1)
-        mx.eval(target.gdn_state())
+        target.rollback(kept=a + 1, fed=verified + 1)  # computed with the next cycle's graph
         ctx.extend([h[:, : a + 1] for h in taps])
         t_rollback = time.perf_counter()
 

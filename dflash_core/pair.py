@@ -160,11 +160,18 @@ class Pair:
         return policy
 
     @cached_property
-    def acceptance_prior(self) -> list | None:
-        """The draft's acceptance by confidence as its recorded benchmark for this kind of device
-        measured it (the adaptive policy's starting point), or None."""
-        table = ((recorded_benchmark(self.draft_dir) or {}).get("summary") or {}).get("acceptance_by_confidence")
-        return table if isinstance(table, list) and len(table) == len(CONFIDENCE_EDGES) + 1 else None
+    def acceptance_prior(self) -> dict:
+        """The draft's acceptance by confidence and by block position as its recorded benchmark for
+        this kind of device measured them (the adaptive policy's starting point), or {}."""
+        summary = (recorded_benchmark(self.draft_dir) or {}).get("summary") or {}
+        by_confidence = summary.get("acceptance_by_confidence")
+        by_position = summary.get("acceptance_by_position")
+        prior = {}
+        if isinstance(by_confidence, list) and len(by_confidence) == len(CONFIDENCE_EDGES) + 1:
+            prior["acceptance_by_confidence"] = by_confidence
+        if isinstance(by_position, list) and all(isinstance(x, (int, float)) for x in by_position):
+            prior["acceptance_by_position"] = by_position
+        return prior
 
     @property
     def draft_vocab(self) -> tuple | None:

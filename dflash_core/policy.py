@@ -43,25 +43,42 @@ def default_policy(min_confidence=None, sampling=None) -> str:
 
 
 class AcceptancePredictor:
-    """P(proposal k accepted | proposals before k accepted, the draft's probability of it), kept as
-    hits / trials per confidence bin. The prior is the draft's shipped table (its benchmark's
-    `acceptance_by_confidence`, scaled to PRIOR_TRIALS per bin), or else the bin's own confidence
-    (a calibrated draft's probability is its acceptance chance)."""
+    """P(proposal k accepted | proposals before k accepted), kept as hits / trials per bin of the
+    draft's probability of the proposal, and per block position for decisions taken without it.
+    The priors are the draft's shipped figures (its benchmark's `acceptance_by_confidence` and
+    `acceptance_by_position`), weighed as PRIOR_TRIALS observations; without them, a bin's own
+    confidence (a calibrated draft's probability is its acceptance chance) and one half."""
 
-    def __init__(self, prior: list = None):
-        self.counts = []
-        for b in range(len(CONFIDENCE_EDGES) + 1):
-            hits, trials = prior[b] if prior and prior[b][1] > 0 else (_bin_middle(b), 1.0)
-            w = PRIOR_TRIALS / trials
-            self.counts.append([hits * w, trials * w])
+    def __init__(self, block_size: int, prior: dict = None):
+        prior = prior or {}
+        by_confidence = prior.get("acceptance_by_confidence") or []
+        self.by_confidence = [
+            _weighed(*(by_confidence[b] if b < len(by_confidence) else (0, 0)), default=_bin_middle(b))
+            for b in range(len(CONFIDENCE_EDGES) + 1)
+        ]
+        reached = [1.0, *(prior.get("acceptance_by_position") or [])]  # P(accepted length >= k)
+        self.by_position = [
+            _weighed(reached[k + 1], reached[k], default=0.5) if k + 1 < len(reached) else _weighed(0, 0, 0.5)
+            for k in range(block_size - 1)
+        ]
 
-    def p(self, confidence: list) -> list:
-        return [h / n for h, n in (self.counts[confidence_bin(c)] for c in confidence)]
+    def p(self, confidence: list | None) -> list:
+        """Per proposal; None: by block position alone (the draft's confidence not read)."""
+        if confidence is None:
+            return [h / n for h, n in self.by_position]
+        return [h / n for h, n in (self.by_confidence[confidence_bin(c)] for c in confidence)]
 
     def observe(self, ev: CycleEvent):
-        for b, accepted in confidence_outcomes(ev):
-            self.counts[b][0] += accepted
-            self.counts[b][1] += 1
+        for k, (b, accepted) in enumerate(confidence_outcomes(ev)):
+            for row in (self.by_confidence[b], self.by_position[k]):
+                row[0] += accepted
+                row[1] += 1
+
+
+def _weighed(hits: float, trials: float, default: float) -> list:
+    """A prior rate as PRIOR_TRIALS observations: hits / trials where trials > 0, else `default`."""
+    rate = hits / trials if trials > 0 else default
+    return [rate * PRIOR_TRIALS, float(PRIOR_TRIALS)]
 
 
 @dataclass
@@ -173,11 +190,21 @@ def expected_tokens(p_accept: list, v: int) -> float:
 class Policy:
     """One run's verification policy: adaptive (`min_confidence` None) or fixed."""
 
-    def __init__(self, block_size: int, costs: CostModel, acceptance: AcceptancePredictor, min_confidence=None):
+    def __init__(
+        self,
+        block_size: int,
+        costs: CostModel,
+        acceptance: AcceptancePredictor,
+        min_confidence=None,
+        reads_confidence: bool = True,
+    ):
         self.B = block_size
         self.costs = costs
         self.acceptance = acceptance
         self.min_confidence = min_confidence
+        # whether after_draft is given the draft's confidences (a host sync before the verify);
+        # the fixed policy's threshold needs them
+        self.reads_confidence = reads_confidence or bool(min_confidence)
         self.drafted_tokens = None  # EWMA of tokens committed by drafted cycles
         self.drafted_s = None  # EWMA of their measured seconds
         self.plain_streak = 0
@@ -215,8 +242,9 @@ class Policy:
         )
         return decision, self.probe_wait - self.plain_streak
 
-    def after_draft(self, confidence: list) -> Decision:
-        """How many proposals to verify, given the draft's probability of each."""
+    def after_draft(self, confidence: list | None) -> Decision:
+        """How many proposals to verify, given the draft's probability of each (None: not read;
+        the acceptance by block position stands in)."""
         plain_s = self.costs.plain_s()
         p = self.acceptance.p(confidence)
         probe = self.adaptive and self.drafted_tokens is not None and self._drafting_rate() < 1 / plain_s

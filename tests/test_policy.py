@@ -55,17 +55,19 @@ def _cycle(confidence, verified, accepted_len) -> CycleEvent:
 
 def test_the_predictor_starts_from_its_prior_and_learns_the_runs_own_rate():
     prior = [[0, 0]] * len(CONFIDENCE_EDGES) + [[90, 100]]  # the top bin: 90 % accepted
-    acc = AcceptancePredictor(prior)
+    acc = AcceptancePredictor(3, {"acceptance_by_confidence": prior, "acceptance_by_position": [0.8, 0.4]})
+    assert acc.p(None) == pytest.approx([0.8, 0.5])  # by position: P(a >= 2 | a >= 1) = 0.4 / 0.8
     assert acc.p([0.999])[0] == pytest.approx(0.9)
     assert acc.p([0.25])[0] == pytest.approx(0.25)  # no prior figure: the bin's own confidence
     for _ in range(200):  # this run: the top bin's first proposal is always rejected
         acc.observe(_cycle([0.999, 0.999], 2, 0))
     assert acc.p([0.999])[0] < 0.1
     # only what the cycle tells counts: the proposal after the first rejection was not judged
-    before = [row[:] for row in acc.counts]
+    before = [row[:] for row in acc.by_confidence]
     acc.observe(_cycle([0.999, 0.15], 2, 0))
-    assert acc.counts[-1][1] == before[-1][1] + 1 and acc.counts[2] == before[2]
-    assert acc.counts[-1][1] - 200 - 1 == pytest.approx(PRIOR_TRIALS)
+    assert acc.by_confidence[-1][1] == before[-1][1] + 1 and acc.by_confidence[2] == before[2]
+    assert acc.by_confidence[-1][1] - 200 - 1 == pytest.approx(PRIOR_TRIALS)
+    assert acc.p(None)[0] < 0.1 and acc.by_position[1][1] == PRIOR_TRIALS  # position 2 never judged
 
 
 def test_the_cost_model_follows_measured_time_per_kind():
@@ -80,7 +82,7 @@ def test_the_cost_model_follows_measured_time_per_kind():
 
 
 def _policy(verify_s, draft_s=0.01, prior=None, B=8):
-    return Policy(B, CostModel(CostProfile(draft_s, verify_s)), AcceptancePredictor(prior))
+    return Policy(B, CostModel(CostProfile(draft_s, verify_s)), AcceptancePredictor(B, prior))
 
 
 def test_cheap_rows_verify_the_whole_block_and_dear_rows_only_the_likely_proposals():
@@ -120,7 +122,8 @@ def _plain(decision) -> CycleEvent:
 
 
 def test_the_fixed_policy_never_steps_plainly_and_keeps_its_threshold():
-    pol = Policy(8, CostModel(CostProfile(0.1, [0.1] * 8)), AcceptancePredictor(), min_confidence=0.5)
+    pol = Policy(8, CostModel(CostProfile(0.1, [0.1] * 8)), AcceptancePredictor(8), min_confidence=0.5)
+    assert pol.reads_confidence  # its threshold needs them, on any device
     for _ in range(5):
         pol.observe(_cycle([0.5] * 7, 7, 0), 10.0)
     assert pol.before_draft() == (None, 0)
@@ -139,10 +142,14 @@ def test_default_policy():
 
 
 class ScriptedPolicy(Policy):
-    """Interleaves plain-step streaks of 1-3 steps with drafted cycles verifying every v in turn."""
+    """Interleaves plain-step streaks of 1-3 steps with drafted cycles verifying every v in turn;
+    `blind`: without reading the draft's confidence first (a GPU's one host sync per cycle)."""
+
+    blind = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.reads_confidence = not self.blind
         self.streaks = itertools.cycle([0, 1, 0, 3, 2, 0])
         self.sizes = itertools.cycle(range(self.B))
 
@@ -166,8 +173,10 @@ def _interleaved(cycles) -> set:
     return {ev.verified for ev in cycles if not ev.plain_step}
 
 
+@pytest.mark.parametrize("blind", [False, True])
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "llama"])
-def test_interleaved_plain_steps_and_every_verify_size_are_lossless(random_pairs, family, scripted):
+def test_interleaved_plain_steps_and_every_verify_size_are_lossless(random_pairs, family, blind, scripted, monkeypatch):
+    monkeypatch.setattr(ScriptedPolicy, "blind", blind)
     pair = random_pairs[family]
     vocab, sizes = pair.draft.config.vocab_size, set()
     for prompt in PROMPTS[:2]:
