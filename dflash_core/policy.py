@@ -15,6 +15,7 @@ verifies the draft's confident prefix of a whole block (`--min-confidence`) and 
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -23,7 +24,12 @@ from .events import CONFIDENCE_EDGES, CycleEvent, Decision, confidence_bin, conf
 
 POLICIES = ("adaptive", "fixed")
 PRIOR_TRIALS = 8  # the prior weighs as this many observed proposals per bin: the run soon outweighs it
-EWMA = 0.3  # weight of the newest cycle in the running figures: a few cycles follow a change of text
+COST_MEMORY = 0.8  # decay per cycle of the cost model's sums: about the last five cycles count
+PRIOR_CYCLES = 2  # a v not verified lately is estimated as if seen this often at the kind's level
+# How many of the latest drafted cycles judge whether drafting pays. Accepted lengths vary widely
+# cycle to cycle (a rejection at the first proposal is common even where drafting pays), so one
+# cycle, or a fast average, would turn a run to plain steps on bad luck and keep it there.
+DRAFTED_WINDOW = 8
 MAX_PROBE_WAIT = 32  # most plain steps between two probes
 
 
@@ -141,32 +147,45 @@ def probe_costs(target, draft, head, block_size: int, context_ids: list, repeats
 
 
 class CostModel:
-    """Predicted seconds of a plain step and of a drafted cycle that verifies v proposals: the
-    probe's shape times a scale per kind, each an EWMA of measured / probed over the run's own
-    cycles (they include rollback and the draft context's growth). Until a kind has been seen it
-    follows the other's scale."""
+    """Predicted seconds of a plain step and of a drafted cycle that verifies v proposals.
+
+    The probe gives the shape; the run's own cycles give the level and correct the shape. Each
+    estimate is a ratio of decayed sums, measured over probed seconds, first per kind (plain
+    steps, drafted cycles) and then, for drafted cycles, per v, where the kind's level stands in
+    for PRIOR_CYCLES cycles until v has been seen. A ratio of sums, not a mean of ratios:
+    pipelined plain steps take uneven turns (the first of a streak builds two graphs, the last
+    only waits) that add up to the right total. Until a kind has been seen it follows the other's."""
 
     def __init__(self, profile: CostProfile):
         self.profile = profile
-        self.scale = {"plain": None, "drafted": None}
+        self.sums = {"plain": [0.0, 0.0], "drafted": [0.0, 0.0]}  # [measured, probed], decayed
+        self.by_v = [[0.0, 0.0] for _ in profile.verify_s]  # drafted cycles: [measured, probed] per v
+
+    def _probed(self, plain: bool, v: int) -> float:
+        p = self.profile
+        return p.verify_s[0] if plain else p.draft_s + p.verify_s[v]
 
     def _scale(self, kind: str) -> float:
-        other = "drafted" if kind == "plain" else "plain"
-        return self.scale[kind] or self.scale[other] or 1.0
+        for k in (kind, "drafted" if kind == "plain" else "plain"):
+            measured, probed = self.sums[k]
+            if probed > 0:
+                return measured / probed
+        return 1.0
 
     def plain_s(self) -> float:
-        return self.profile.verify_s[0] * self._scale("plain")
+        return self._probed(True, 0) * self._scale("plain")
 
     def cycle_s(self, v: int) -> float:
-        p = self.profile
-        return (p.draft_s + p.verify_s[v]) * self._scale("drafted")
+        probed = self._probed(False, v)
+        measured, seen = self.by_v[v]
+        return (PRIOR_CYCLES * probed * self._scale("drafted") + measured) / (PRIOR_CYCLES * probed + seen) * probed
 
     def observe(self, plain: bool, v: int, seconds: float):
-        kind = "plain" if plain else "drafted"
-        p = self.profile
-        ratio = seconds / (p.verify_s[0] if plain else p.draft_s + p.verify_s[v])
-        old = self.scale[kind]
-        self.scale[kind] = ratio if old is None else math.exp((1 - EWMA) * math.log(old) + EWMA * math.log(ratio))
+        probed = self._probed(plain, v)
+        rows = [self.sums["plain" if plain else "drafted"]] + ([] if plain else [self.by_v[v]])
+        for sums in rows:
+            sums[0] = COST_MEMORY * sums[0] + seconds
+            sums[1] = COST_MEMORY * sums[1] + probed
 
 
 def confident_prefix(confidence: list, min_confidence: float) -> int:
@@ -205,8 +224,7 @@ class Policy:
         # whether after_draft is given the draft's confidences (a host sync before the verify);
         # the fixed policy's threshold needs them
         self.reads_confidence = reads_confidence or bool(min_confidence)
-        self.drafted_tokens = None  # EWMA of tokens committed by drafted cycles
-        self.drafted_s = None  # EWMA of their measured seconds
+        self.drafted = deque(maxlen=DRAFTED_WINDOW)  # (tokens committed, seconds) of the latest drafted cycles
         self.plain_streak = 0
         self.probe_wait = 1
 
@@ -219,26 +237,27 @@ class Policy:
         return "adaptive" if self.adaptive else "fixed"
 
     def _drafting_rate(self) -> float:
-        return self.drafted_tokens / self.drafted_s
+        return sum(t for t, _ in self.drafted) / sum(s for _, s in self.drafted)
 
     def before_draft(self) -> tuple:
         """(a plain step's Decision, how many plain steps to take before drafting again), or
         (None, 0): draft."""
-        if not self.adaptive or self.drafted_tokens is None:
+        if not self.adaptive or not self.drafted:
             return None, 0
         plain_s = self.costs.plain_s()
         if self._drafting_rate() >= 1 / plain_s:
             return None, 0
         if self.plain_streak >= self.probe_wait:
             return None, 0  # a probe: after_draft says so
-        steps = self.drafted_s / plain_s
+        n = len(self.drafted)
+        tokens, steps = sum(t for t, _ in self.drafted) / n, sum(s for _, s in self.drafted) / n / plain_s
         decision = Decision(
             verified=0,
             plain_step=True,
             expected_tokens=1.0,
             predicted_steps=1.0,
             step_ms=plain_s * 1e3,
-            reason=f"plain step: drafting has been committing {self.drafted_tokens:.1f} tokens for {steps:.1f} steps",
+            reason=f"plain step: the last {n} drafted cycles committed {tokens:.1f} tokens each for {steps:.1f} steps",
         )
         return decision, self.probe_wait - self.plain_streak
 
@@ -247,12 +266,13 @@ class Policy:
         the acceptance by block position stands in)."""
         plain_s = self.costs.plain_s()
         p = self.acceptance.p(confidence)
-        probe = self.adaptive and self.drafted_tokens is not None and self._drafting_rate() < 1 / plain_s
+        probe = self.adaptive and bool(self.drafted) and self._drafting_rate() < 1 / plain_s
         if self.adaptive:
             # The draft is paid for; each further row must earn more than the best rate on hand
             # (Dinkelbach's criterion for a rate: maximise tokens - rate * seconds).
-            rate = max(1 / plain_s, self._drafting_rate() if self.drafted_tokens else 0.0)
-            v = max(range(self.B), key=lambda n: expected_tokens(p, n) - rate * self.costs.cycle_s(n))
+            rate = max(1 / plain_s, self._drafting_rate() if self.drafted else 0.0)
+            # At least one row: the draft is paid, and a cycle that verifies nothing tells nothing.
+            v = max(range(1, self.B), key=lambda n: expected_tokens(p, n) - rate * self.costs.cycle_s(n))
         elif self.min_confidence > 0:
             v = confident_prefix(confidence, self.min_confidence)
         else:
@@ -279,11 +299,7 @@ class Policy:
         self.acceptance.observe(ev)
         was_probe = self.plain_streak > 0
         tokens = ev.accepted_len + 1
-        if self.drafted_tokens is None:
-            self.drafted_tokens, self.drafted_s = float(tokens), seconds
-        else:
-            self.drafted_tokens += EWMA * (tokens - self.drafted_tokens)
-            self.drafted_s += EWMA * (seconds - self.drafted_s)
+        self.drafted.append((tokens, seconds))
         if was_probe:  # a failed probe waits twice as long for the next; a good one ends the streak
             paid = self._drafting_rate() >= 1 / self.costs.plain_s()
             self.probe_wait = 1 if paid else min(2 * self.probe_wait, MAX_PROBE_WAIT)

@@ -79,6 +79,10 @@ def test_the_cost_model_follows_measured_time_per_kind():
     assert costs.plain_s() == pytest.approx(2 * 0.1, rel=1e-3)  # not seen yet: follows the other kind
     costs.observe(True, 0, 0.1)
     assert costs.plain_s() == pytest.approx(0.1)
+    for _ in range(30):  # a shape the probe got wrong: v = 1 measures cheaper than probed
+        costs.observe(False, 1, 0.06)
+    assert costs.cycle_s(1) == pytest.approx(0.06, rel=0.01)
+    assert costs.cycle_s(1) < costs.cycle_s(2)  # v = 2 is not seen: the level of the kind stands in
 
 
 def _policy(verify_s, draft_s=0.01, prior=None, B=8):
