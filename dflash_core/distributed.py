@@ -211,6 +211,7 @@ def _start(pair, run: dict, should_stop):
             should_stop,
             min_confidence=run["min_confidence"],
             sampling=sampling,
+            policy=run.get("policy"),
         )
     return pair.baseline(run["prompt_ids"], run["max_tokens"], should_stop, sampling=sampling)
 
@@ -218,7 +219,10 @@ def _start(pair, run: dict, should_stop):
 class Leader:
     """Rank 0's pair under `serve` in a group: each run it starts is sent to the other ranks
     first, which run it too (follow), and its stop decisions become theirs. Everything else is
-    the pair's own."""
+    the pair's own. Only the fixed policy runs here: the adaptive one decides each cycle from
+    the process's own timings, which the ranks would not agree on."""
+
+    fixed_policy_only = True  # what the server reads (server.server_policy)
 
     def __init__(self, pair):
         self.pair = pair
@@ -227,8 +231,18 @@ class Leader:
         return getattr(self.pair, name)
 
     def dflash(
-        self, prompt_ids, max_tokens, block_size=None, should_stop=lambda: False, min_confidence=None, sampling=None
+        self,
+        prompt_ids,
+        max_tokens,
+        block_size=None,
+        should_stop=lambda: False,
+        min_confidence=None,
+        sampling=None,
+        policy=None,
     ):
+        if policy == "adaptive":
+            raise DFlashError("the adaptive policy cannot run in a group (see Leader): use the fixed policy")
+        policy = "fixed"  # also where none is given (see fixed_policy_only)
         return self._lead(
             {
                 "engine": "dflash",
@@ -237,6 +251,7 @@ class Leader:
                 "block_size": block_size,
                 "min_confidence": min_confidence,
                 "sampling": sampling and asdict(sampling),
+                "policy": policy,
             },
             should_stop,
         )

@@ -110,10 +110,8 @@ def dflash_generate(
                 pending.append(taps)
                 now = time.perf_counter()
                 committed, staged = [staged], token
-                yield record(
-                    **_plain_cycle(committed, token, decision, (now - t_step) * 1e3, now - t0),
-                )
-                t_step = now
+                yield record(**_plain_cycle(committed, token, decision, (now - t_step) * 1e3, now - t0))
+                t_step = time.perf_counter()  # the consumer's time is not the step's
                 if stop is not None:
                     break
             ctx.extend([mx.concatenate(hs, axis=1) for hs in zip(*pending)])

@@ -6,6 +6,11 @@ above it (the target's own distribution, `top_p` and `seed` honoured). A request
 response says which path served it in the `x-dflash-path` header (`dflash` or `plain`). All MLX work runs on the one worker thread, so
 concurrent requests queue there and each gets exactly the tokens a lone run would give.
 
+DFlash runs under the server's verification policy (`serve --policy`: adaptive, which may take plain
+one-token steps where drafting does not pay, or fixed, the draft's confident prefix of every block;
+none given: the engine's default, policy.default_policy); a request field
+`"dflash_policy": "adaptive" | "fixed"` overrides it for that request.
+
 Waiting holds no thread: the handlers are async and await the worker's events, so /health and
 /metrics answer however many requests wait. The queue is bounded: `max_queue` requests may wait
 behind the one generating, more are answered 429 with a Retry-After header. A run never waits
@@ -39,6 +44,7 @@ from starlette.exceptions import HTTPException
 
 from .errors import DFlashError
 from .events import CycleEvent, RunSummary
+from .policy import POLICIES
 from .sampling import Sampling
 from .tokenizer import TextStream, chat_ids
 from .worker import default_worker
@@ -64,6 +70,7 @@ class _Base(BaseModel):
     stream_options: dict | None = None
     seed: int | None = None
     dflash: bool = True  # false: plain decoding (greedy or sampling) through mlx-lm, for comparisons
+    dflash_policy: str | None = None  # "adaptive" | "fixed": this request's verification policy (None: the server's)
     n: int = 1
     logprobs: bool | int | None = None
 
@@ -134,7 +141,9 @@ class Metrics:
 
     def __init__(self, block_size: int):
         self.registry = r = CollectorRegistry()
-        self.drafts = Counter("dflash_spec_decode_num_drafts", "DFlash cycles (one draft block each)", registry=r)
+        self.drafts = Counter(
+            "dflash_spec_decode_num_drafts", "DFlash cycles that drafted a block (plain steps draft none)", registry=r
+        )
         self.draft_tokens = Counter(
             "dflash_spec_decode_num_draft_tokens", "Draft proposals the target verified", registry=r
         )
@@ -143,7 +152,7 @@ class Metrics:
         )
         self.accepted_per_pos = Counter(
             "dflash_spec_decode_num_accepted_tokens_per_pos",
-            "Cycles whose draft was accepted at this position (0 = first proposal)",
+            "Drafted cycles whose draft was accepted at this position (0 = first proposal)",
             ["position"],
             registry=r,
         )
@@ -173,9 +182,20 @@ class Metrics:
         )
         self.tokens_per_cycle = Histogram(
             "dflash_tokens_per_cycle",
-            "Tokens committed per DFlash cycle",
+            "Tokens committed per DFlash cycle (plain steps included: one each)",
             registry=r,
             buckets=tuple(range(1, block_size + 1)),
+        )
+        self.plain_steps = Counter(
+            "dflash_policy_plain_steps",
+            "Cycles where the adaptive policy drafted nothing: one plain target step over the staged token",
+            registry=r,
+        )
+        self.verified_rows = Histogram(
+            "dflash_policy_verified_rows",
+            "Draft proposals the target verified per DFlash cycle, as the policy chose (plain steps at 0)",
+            registry=r,
+            buckets=tuple(range(block_size)),
         )
         for k in range(block_size - 1):  # every position shows, at 0 until accepted once
             self.accepted_per_pos.labels(position=str(k))
@@ -183,7 +203,11 @@ class Metrics:
         self._lock = threading.Lock()
 
     def cycle(self, ev: CycleEvent):
-        self.drafts.inc()
+        if ev.plain_step:
+            self.plain_steps.inc()
+        else:
+            self.drafts.inc()
+        self.verified_rows.observe(ev.verified)
         self.draft_tokens.inc(ev.verified)
         self.accepted.inc(ev.accepted_len)
         for k in range(ev.accepted_len):
@@ -216,6 +240,7 @@ class Metrics:
             "drafts": get("dflash_spec_decode_num_drafts_total"),
             "draft_tokens": get("dflash_spec_decode_num_draft_tokens_total"),
             "accepted_tokens": get("dflash_spec_decode_num_accepted_tokens_total"),
+            "plain_steps": get("dflash_policy_plain_steps_total"),
         }
 
     def snapshot(self) -> dict:
@@ -277,10 +302,11 @@ class Job:
     `outcome` is set, and unless the run was cancelled before it started, `finish_reason`,
     `usage` and `summary` too."""
 
-    def __init__(self, server, rid, endpoint, ids, max_tokens, sampling, use_dflash, stops, buffer=None):
+    def __init__(self, server, rid, endpoint, ids, max_tokens, sampling, use_dflash, stops, buffer=None, policy=None):
         self.server, self.rid, self.endpoint = server, rid, endpoint
         self.ids, self.max_tokens = ids, max_tokens
         self.sampling = sampling  # None: greedy
+        self.policy = policy  # DFlash's verification policy (POLICIES; None: the engine's default)
         self.stops = stops
         self.path = "dflash" if use_dflash else "plain"
         self.buffer = buffer
@@ -296,7 +322,16 @@ class Job:
         pair, stop = self.server.pair, self.cancel.is_set
         with wired_limit(pair.model):
             if self.path == "dflash":
-                yield from pair.dflash(self.ids, self.max_tokens, should_stop=stop, sampling=self.sampling)
+                # the fixed policy's threshold is the server's (None: the backend's default)
+                fixed = self.policy == "fixed"
+                yield from pair.dflash(
+                    self.ids,
+                    self.max_tokens,
+                    should_stop=stop,
+                    min_confidence=self.server.min_confidence if fixed else None,
+                    sampling=self.sampling,
+                    policy=self.policy,
+                )
             else:
                 yield from pair.baseline(self.ids, self.max_tokens, stop, sampling=self.sampling)
 
@@ -431,8 +466,11 @@ class Server:
         max_queue: int = MAX_QUEUE,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         stream_buffer: int = STREAM_BUFFER,
+        policy: str = None,
+        min_confidence: float = None,
     ):
         self.pair, self.model_id = pair, model_id
+        self.policy, self.min_confidence = server_policy(pair, policy, min_confidence)
         self.worker = worker or default_worker()
         self.api_key, self.max_queue = api_key, max_queue
         self.default_max_tokens, self.stream_buffer = max_tokens, stream_buffer
@@ -521,8 +559,30 @@ class Server:
             )
         return ids
 
+    def request_policy(self, value) -> str | None:
+        """The verification policy a request's "dflash_policy" asks for, else the server's (None:
+        the engine's default for the request, policy.default_policy)."""
+        if value is None:
+            return self.policy
+        if value not in POLICIES:
+            raise APIError(
+                400,
+                f'dflash_policy {json.dumps(value)} is not a policy: use "adaptive" or "fixed", '
+                f"or leave it out for this server's ({self.policy or 'the default'})",
+                param="dflash_policy",
+            )
+        if value == "adaptive" and getattr(self.pair, "fixed_policy_only", False):
+            raise APIError(
+                400,
+                "dflash_policy 'adaptive' cannot run here: the target is split across processes, which would "
+                'each decide from their own timings; use "fixed" or leave it out',
+                param="dflash_policy",
+            )
+        return value
+
     def job(self, rid, endpoint, req, ids, max_tokens, param: str = "max_tokens") -> Job:
         """The request's run, checked. `param` names the field max_tokens came from."""
+        policy = self.request_policy(req.dflash_policy)
         if max_tokens is None:
             max_tokens = min(self.default_max_tokens, self.pair.context_length - len(ids))
         try:
@@ -541,6 +601,7 @@ class Server:
             req.dflash,
             stops,
             buffer=self.stream_buffer if req.stream else None,
+            policy=policy,
         )
 
     def admit(self):
@@ -568,6 +629,25 @@ class Server:
         task.add_done_callback(self._runs.discard)
 
 
+def server_policy(pair, policy: str = None, min_confidence: float = None) -> tuple:
+    """(policy, min_confidence) a server runs DFlash under, checked: policy None is fixed when a
+    min_confidence is given or the pair can run nothing else (a target split across processes:
+    distributed.Leader.fixed_policy_only), else None: the engine's default for each request
+    (policy.default_policy: adaptive, but fixed for seeded sampling, which must repeat)."""
+    fixed_only = getattr(pair, "fixed_policy_only", False)
+    policy = policy or ("fixed" if min_confidence is not None or fixed_only else None)
+    if policy is not None and policy not in POLICIES:
+        raise DFlashError(f"policy '{policy}' is not one of {', '.join(POLICIES)}")
+    if policy == "adaptive" and min_confidence is not None:
+        raise DFlashError("a min confidence applies to the fixed policy: give the fixed policy, or no min confidence")
+    if policy == "adaptive" and fixed_only:
+        raise DFlashError(
+            "the adaptive policy cannot serve a target split across processes (each would decide from its "
+            "own timings): use the fixed policy"
+        )
+    return policy, min_confidence
+
+
 def create_app(
     pair,
     model_id: str = None,
@@ -577,13 +657,20 @@ def create_app(
     max_queue: int = MAX_QUEUE,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     stream_buffer: int = STREAM_BUFFER,
+    policy: str = None,
+    min_confidence: float = None,
 ) -> FastAPI:
     """The API, its health check and metrics; app.state.server is the Server behind them, for
     whatever a caller mounts beside them. api_key: wanted as a Bearer token on /v1. allowed_origins:
     the web origins whose pages may call the API (CORS). max_queue: requests that may wait behind
     the one generating. max_tokens: the default for requests that give none. stream_buffer: the
-    pieces of text a streaming client may leave unread before it is cut off."""
-    server = Server(pair, model_id or pair.name, worker, api_key, max_queue, max_tokens, stream_buffer)
+    pieces of text a streaming client may leave unread before it is cut off. policy: DFlash's
+    verification policy ("adaptive" | "fixed"; None: fixed when min_confidence is given, else the
+    engine's default for each request, see server_policy), which a request's "dflash_policy"
+    overrides; min_confidence: the fixed policy's threshold (None: the backend's default)."""
+    server = Server(
+        pair, model_id or pair.name, worker, api_key, max_queue, max_tokens, stream_buffer, policy, min_confidence
+    )
     app = FastAPI(title="DFlash server", docs_url="/docs", redoc_url=None)
     app.state.server = server
     if allowed_origins:
@@ -755,6 +842,7 @@ def create_app(
             "pair": pair.name,
             "block_size": pair.block_size,
             "context_length": pair.context_length,
+            "policy": server.policy or "default",  # default: the engine's, per request (server_policy)
             "requests_running": server.admitted,
         }
 

@@ -43,8 +43,11 @@ def headless(worker, pair, ids, max_tokens, min_confidence) -> dict:
 
 
 def through_page(client, key, prompt, max_tokens, chat, min_confidence) -> dict:
-    out = client.predict(prompt, key, max_tokens, 16, chat, min_confidence, 0.0, 1.0, 0, api_name="/run")
-    export = out[15]["value"] if isinstance(out[15], dict) else out[15]
+    # thinking off, the draft as stored, and the fixed policy: the headless run's (min_confidence implies it)
+    out = client.predict(
+        prompt, key, max_tokens, 16, chat, min_confidence, 0.0, 1.0, 0, False, "as stored", "fixed", api_name="/run"
+    )
+    export = out[16]["value"] if isinstance(out[16], dict) else out[16]
     run = json.loads(Path(export).read_text())
     assert run["lossless"]["verdict"] == "identical", run["lossless"]
     return {engine: run[engine]["summary"]["decode_tps"] for engine in ("baseline", "dflash")}

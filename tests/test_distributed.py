@@ -476,6 +476,10 @@ def test_serve_in_a_group(random_dirs):
 
         greedy = complete()
         assert greedy["dflash"]["generated_tokens"] == 20
+        # the ranks would not agree on the adaptive policy's timed choices: a group runs the fixed one
+        assert greedy["dflash"]["policy"] == "fixed" and httpx.get(f"{url}/health").json()["policy"] == "fixed"
+        refused = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "dflash_policy": "adaptive"})
+        assert refused.status_code == 400 and "split across processes" in refused.json()["error"]["message"]
         text = greedy["choices"][0]["text"]
         assert complete(dflash=False)["choices"][0]["text"] == text
         # a stop string of plain letters, a few characters in (the random model's text has others)

@@ -276,14 +276,18 @@ def test_concurrent_clients_each_get_their_own_answer(served):
 
 def test_metrics_count_what_the_engine_did(served):
     s = served
-    s.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=48)  # the pinned draft's prompt
+    # the pinned draft's prompt, under the fixed policy, which verifies what the draft is sure of
+    # (on this random pair the adaptive one soon stops drafting: see the next test)
+    s.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=48, extra_body={"dflash_policy": "fixed"})
     idle(s)
     m = metric_values(s)
     runs = [r for r in httpx.get(s.url + "/metrics.json").json()["requests"] if r["path"] == "dflash" and "cycles" in r]
     assert m["dflash_spec_decode_num_drafts_total"] > 0
     assert m["dflash_spec_decode_num_draft_tokens_total"] > 0
     assert m["dflash_spec_decode_num_accepted_tokens_total"] > 0
-    assert m["dflash_spec_decode_num_drafts_total"] == sum(r["cycles"] for r in runs)
+    # plain steps draft nothing: a draft is a drafted cycle
+    assert m["dflash_spec_decode_num_drafts_total"] == sum(r["cycles"] - r["plain_steps"] for r in runs)
+    assert m["dflash_policy_plain_steps_total"] == sum(r["plain_steps"] for r in runs)
     assert m["dflash_spec_decode_num_draft_tokens_total"] == sum(r["drafted_tokens"] for r in runs)
     assert m["dflash_spec_decode_num_accepted_tokens_total"] == sum(r["accepted_tokens"] for r in runs)
     per_pos = [sum(r["accepted_per_position"][k] for r in runs) for k in range(s.pair.block_size - 1)]
@@ -291,10 +295,75 @@ def test_metrics_count_what_the_engine_did(served):
         m[f"dflash_spec_decode_num_accepted_tokens_per_pos_total[position={k}]"] for k in range(s.pair.block_size - 1)
     ] == per_pos
     assert m["dflash_generation_tokens_total[path=dflash]"] == sum(r["generated_tokens"] for r in runs)
-    assert m["dflash_tokens_per_cycle_count"] == m["dflash_spec_decode_num_drafts_total"]
+    assert m["dflash_tokens_per_cycle_count"] == sum(r["cycles"] for r in runs)  # every cycle, plain steps too
+    # the verified-rows histogram: one observation per cycle, v summed, cumulative buckets 0..B-1
+    assert m["dflash_policy_verified_rows_count"] == sum(r["cycles"] for r in runs)
+    assert m["dflash_policy_verified_rows_sum"] == sum(r["drafted_tokens"] for r in runs)
+    B = s.pair.block_size
+    for k in range(B):
+        below = sum(sum(r["verified_rows"][: k + 1]) for r in runs)
+        assert m[f"dflash_policy_verified_rows_bucket[le={float(k)}]"] == below, k
+    assert m["dflash_policy_verified_rows_bucket[le=+Inf]"] == sum(r["cycles"] for r in runs)
     assert m["dflash_request_latency_seconds_count[path=dflash]"] == len(runs)
     assert m["dflash_time_to_first_token_seconds_count[path=dflash]"] == len(runs)
     assert m["dflash_requests_running"] == 0
+
+
+def test_each_request_chooses_its_policy_and_the_metrics_follow(served):
+    """A request's "dflash_policy" picks DFlash's verification policy; what its run did moves the
+    metrics by exactly as much. On this random pair the adaptive policy takes plain steps (the
+    draft rarely agrees off its pinned prompt), and the text is plain greedy's either way."""
+    s = served
+    idle(s)
+    text, tokens, _ = greedy(s, "hello", 48, chat=False)
+    for policy in ("adaptive", "fixed"):
+        before = metric_values(s)
+        r = httpx.post(
+            s.url + "/v1/completions",
+            json={"model": MODEL, "prompt": "hello", "max_tokens": 48, "dflash_policy": policy},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        run = body["dflash"]
+        after = metric_values(s)
+
+        def moved(name, after=after, before=before):
+            return after[name] - before.get(name, 0.0)
+
+        assert body["choices"][0]["text"] == text and run["generated_tokens"] == len(tokens)
+        assert run["policy"] == policy and sum(run["verified_rows"]) == run["cycles"]
+        assert moved("dflash_policy_plain_steps_total") == run["plain_steps"]
+        assert moved("dflash_spec_decode_num_drafts_total") == run["cycles"] - run["plain_steps"]
+        assert moved("dflash_policy_verified_rows_count") == run["cycles"]
+        assert moved("dflash_policy_verified_rows_sum") == run["drafted_tokens"]
+        assert moved("dflash_policy_verified_rows_bucket[le=0.0]") == run["verified_rows"][0]
+        assert moved("dflash_spec_decode_num_draft_tokens_total") == run["drafted_tokens"]
+        if policy == "adaptive":
+            assert run["plain_steps"] > 0, "the adaptive policy should step plainly on this pair's bad drafts"
+        else:
+            assert run["plain_steps"] == 0  # the fixed policy always drafts
+
+
+def test_a_bad_policy_is_a_400_that_says_what_to_send(served):
+    s = served
+    before = metric_values(s)["dflash_requests_total[outcome=invalid][path=none]"]
+    for bad, says in (("greedy", '"greedy" is not a policy'), (3, "valid string")):
+        r = httpx.post(s.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "dflash_policy": bad})
+        assert r.status_code == 400, bad
+        error = r.json()["error"]
+        assert error["param"] == "dflash_policy" and error["type"] == "invalid_request_error"
+        assert says in error["message"] and "\n" not in error["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        s.client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body={"dflash_policy": "Adaptive"}
+        )
+    message = e.value.body["message"]
+    assert message == (
+        'dflash_policy "Adaptive" is not a policy: use "adaptive" or "fixed", '
+        "or leave it out for this server's (the default)"
+    )
+    assert metric_values(s)["dflash_requests_total[outcome=invalid][path=none]"] == before + 3
 
 
 def test_models_and_health(served):
@@ -342,7 +411,11 @@ def test_serve_command_must_show(served):
         r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], max_tokens=48)
         assert r.choices[0].message.content == chat_text
         text, _, _ = greedy(lone, prompt, 48, chat=False)
-        stream = client.completions.create(model=model, prompt=prompt, max_tokens=48, stream=True)
+        # the default policy answered the chat request; this one asks for the fixed policy, which
+        # verifies what the draft is sure of (the adaptive one may stop drafting a random draft)
+        stream = client.completions.create(
+            model=model, prompt=prompt, max_tokens=48, stream=True, extra_body={"dflash_policy": "fixed"}
+        )
         assert "".join(c.choices[0].text for c in stream) == text
         m = metric_values(SimpleNamespace(url=url))
         assert m["dflash_spec_decode_num_drafts_total"] > 0

@@ -187,6 +187,68 @@ def test_serve_flags_reach_the_server(pinned, monkeypatch, capsys):
     assert f"(default {server_module.MAX_QUEUE})" in help_text
 
 
+def test_serve_policy_flags(pinned, monkeypatch, capsys):
+    """--policy and --min-confidence reach the server (--min-confidence alone means the fixed
+    policy); contradictions are one error line before anything loads."""
+    given, served = {}, []
+    create_app = server_module.create_app
+    monkeypatch.setattr(
+        server_module, "create_app", lambda *args, **kwargs: given.update(kwargs) or create_app(*args, **kwargs)
+    )
+    monkeypatch.setattr(server_module, "serve", lambda app, *args: served.append(app))
+    pair_args = ["--model", str(pinned.target), "--draft", str(pinned.draft), "--port", str(free_port())]
+    for flags, options, policy in (
+        (["--policy", "fixed", "--min-confidence", "0.3"], {"policy": "fixed", "min_confidence": 0.3}, "fixed"),
+        (["--min-confidence", "0.3"], {"min_confidence": 0.3}, "fixed"),
+        (["--policy", "adaptive"], {"policy": "adaptive"}, "adaptive"),
+    ):
+        given.clear()
+        assert main(["serve", *pair_args, "--no-playground", *flags]) == 0
+        assert {k: given[k] for k in ("policy", "min_confidence") if k in given} == options
+        server = served[-1].state.server
+        assert (server.policy, server.min_confidence) == (policy, options.get("min_confidence"))
+    assert "; adaptive policy" in capsys.readouterr().err  # the log line names it
+    for bad, says in (
+        (["--policy", "adaptive", "--min-confidence", "0.3"], "--min-confidence"),
+        (["--policy", "greedy"], "invalid choice: 'greedy'"),
+    ):
+        assert main(["serve", *pair_args, *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and says in err, err
+        assert "loading" not in err  # refused before the pair loads
+
+
+def test_the_servers_policy_and_a_requests_own(pinned):
+    """The fixed policy at min confidence 1 verifies one proposal a cycle; a request's
+    "dflash_policy" overrides the server's for that request alone."""
+    with client(pinned, policy="fixed", min_confidence=1.0) as c:
+        assert c.get("/health").json()["policy"] == "fixed"
+        run = completion(c, max_tokens=24).json()["dflash"]
+        assert run["policy"] == "fixed" and run["min_confidence"] == 1.0 and run["plain_steps"] == 0
+        assert run["verified_rows"][1] == run["cycles"] == run["drafted_tokens"]
+        run = completion(c, max_tokens=24, dflash_policy="adaptive").json()["dflash"]
+        assert run["policy"] == "adaptive" and run["min_confidence"] == 0.0
+    with client(pinned) as c:  # none given: the engine's default (adaptive for greedy requests)
+        assert c.get("/health").json()["policy"] == "default"
+        assert completion(c, max_tokens=8).json()["dflash"]["policy"] == "adaptive"
+    with pytest.raises(server_module.DFlashError, match="applies to the fixed policy"):
+        server_module.create_app(pinned.pair, MODEL, policy="adaptive", min_confidence=0.3)
+
+
+def test_a_target_split_across_processes_serves_the_fixed_policy_only(pinned):
+    """Each rank's adaptive policy would decide from its own timings: a group's server (its pair a
+    distributed.Leader) runs the fixed policy and refuses the adaptive one in one line."""
+    from dflash_core import distributed
+
+    with TestClient(server_module.create_app(distributed.Leader(pinned.pair), MODEL)) as c:
+        assert c.get("/health").json()["policy"] == "fixed"
+        r = completion(c, max_tokens=4, dflash_policy="adaptive")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "dflash_policy"
+        assert "split across processes" in r.json()["error"]["message"]
+    with pytest.raises(server_module.DFlashError, match="split across processes"):
+        server_module.create_app(distributed.Leader(pinned.pair), MODEL, policy="adaptive")
+
+
 @pytest.fixture(scope="module")
 def mamba(tmp_path_factory):
     """(target dir, draft dir) of a random Mamba target, whose cache DFlash cannot roll back."""

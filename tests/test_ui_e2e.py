@@ -31,6 +31,7 @@ OUTPUTS = [
     "plot2",
     "plot3",
     "plot4",
+    "plot5",
     "slider",
     "inspector",
     "export",
@@ -49,15 +50,11 @@ def run(
     temperature=0.0,
     top_p=1.0,
     seed=0,
+    policy="adaptive",
 ):
-    return dict(
-        zip(
-            OUTPUTS,
-            client.predict(
-                prompt, key, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, api_name="/run"
-            ),
-        )
-    )
+    """Press Run (thinking off, the draft as stored): the outputs by name."""
+    settings = (prompt, key, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed)
+    return dict(zip(OUTPUTS, client.predict(*settings, False, "as stored", policy, api_name="/run")))
 
 
 def exported(out) -> dict:
@@ -75,7 +72,7 @@ def client(served):
 
 
 def test_run_shows_both_engines_and_identical_output(served, client):
-    out = run(client, served[1])
+    out = run(client, served[1], policy="fixed")  # at threshold 0: every proposal verified
     assert "identical" in out["lossless"] and "lossless identical" in out["lossless"]
     assert "tok-accepted" in out["d_out"] and "tok-rejected" in out["d_out"] and "tok-target" in out["d_out"]
     with open(out["export"]["value"] if isinstance(out["export"], dict) else out["export"]) as f:
@@ -96,12 +93,37 @@ def test_run_shows_both_engines_and_identical_output(served, client):
     assert "decode speedup" in out["speedup"] and "Cycle" in out["inspector"]
     assert out["slider"]["maximum"] == len(dflash["events"]) - 1
     assert exported["settings"]["min_confidence"] == 0.0 and "tok-unverified" not in out["d_out"]
+    assert exported["settings"]["policy"] == "fixed" and "plain-step" not in out["d_out"]
+
+
+def test_the_adaptive_policy_shows_its_decisions_and_stays_lossless(served, client):
+    """The page's default policy: where it stepped plainly, the pane and the stats say so; the
+    inspector, the policy chart and the export carry its decisions; the output is plain greedy's."""
+    out = run(client, served[1], min_confidence=1.0)  # the threshold is the fixed policy's: ignored
+    run_json = exported(out)
+    assert run_json["lossless"]["verdict"] == "identical" and "lossless identical" in out["lossless"]
+    summary, events = run_json["dflash"]["summary"], run_json["dflash"]["events"]
+    assert run_json["settings"]["policy"] == summary["policy"] == "adaptive"
+    assert run_json["settings"]["min_confidence"] is None
+    plain = [e for e in events if not e["drafted"]]
+    assert summary["plain_steps"] == len(plain) and sum(summary["verified_rows"]) == len(events)
+    assert all(e["decision"]["plain_step"] == (not e["drafted"]) for e in events)
+    assert all(e["decision"]["reason"] for e in events)
+    assert out["d_out"].count("cycle plain-step") == len(plain)
+    assert f"{len(plain)} of {len(events)}" in out["d_stats"] and "plain steps" in out["d_stats"]
+    assert f"adaptive policy: {len(plain)} plain step" in out["status"]
+    assert "policy's decision" in out["inspector"]
+    chart = json.loads(out["plot5"]["plot"])  # the policy chart: one bar per cycle, its v
+    assert "verified rows and cost per cycle" in chart["layout"]["title"]["text"]
+    bars = next(t for t in chart["data"] if t["name"] == "verified")
+    assert bars["y"] == [e["verified"] for e in events]
 
 
 def test_sampling_run_says_same_distribution_and_shows_the_draws(served, client):
     """Temperature > 0: plain sampling against speculative sampling, seeded alike; the verdict
     says what is true, the inspector and tooltips show p, q and the draws, the seed repeats."""
-    out = run(client, served[1], temperature=0.9, top_p=0.95, seed=5)
+    # the fixed policy: the adaptive one's choices follow measured time, so a seed need not repeat
+    out = run(client, served[1], temperature=0.9, top_p=0.95, seed=5, policy="fixed")
     assert "lossless sampled" in out["lossless"] and "same distribution" in out["lossless"]
     run_json = exported(out)
     assert run_json["settings"]["temperature"] == 0.9 and run_json["settings"]["seed"] == 5
@@ -110,7 +132,7 @@ def test_sampling_run_says_same_distribution_and_shows_the_draws(served, client)
     assert all(len(c["draws"]["u"]) == min(c["accepted_len"] + 1, c["verified"]) for c in cycles)
     assert run_json["baseline"]["summary"]["engine"] == "sampling"
     assert "draw u" in out["inspector"] and "p/q" in out["d_out"]
-    again = exported(run(client, served[1], temperature=0.9, top_p=0.95, seed=5))
+    again = exported(run(client, served[1], temperature=0.9, top_p=0.95, seed=5, policy="fixed"))
     assert again["dflash"]["summary"]["tokens"] == run_json["dflash"]["summary"]["tokens"]
     assert again["baseline"]["summary"]["tokens"] == run_json["baseline"]["summary"]["tokens"]
 
@@ -137,12 +159,13 @@ def test_eight_visitors_at_once_each_get_what_a_solo_run_gives(served):
 def test_verify_threshold_leaves_unsure_guesses_unverified_and_output_identical(served, client):
     """At threshold 1 the target checks only the first guess of every cycle: the rest of each
     block shows as unverified, and the output is still plain greedy's."""
-    out = run(client, served[1], min_confidence=1.0)
+    out = run(client, served[1], min_confidence=1.0, policy="fixed")
     assert "lossless identical" in out["lossless"] and "tok-unverified" in out["d_out"]
     with open(out["export"]["value"] if isinstance(out["export"], dict) else out["export"]) as f:
         exported = json.load(f)
     events = exported["dflash"]["events"]
     assert exported["settings"]["min_confidence"] == 1.0 and all(e["verified"] == 1 for e in events)
+    assert exported["settings"]["policy"] == "fixed" and exported["dflash"]["summary"]["plain_steps"] == 0
     assert exported["dflash"]["summary"]["drafted_tokens"] == len(events)
 
 
@@ -196,14 +219,11 @@ class ScriptedPair:
         self._note("baseline end")
         yield RunSummary("baseline", len(ids), self.reference, 0.01, 0.05, "max_tokens", 1.0)
 
-    def dflash(self, ids, max_tokens, block_size, should_stop, min_confidence=None, sampling=None):
+    def dflash(self, ids, max_tokens, block_size, should_stop, min_confidence=None, sampling=None, policy=None):
         self._note("dflash start")
-        yield CycleEvent(
-            0, self.ours[0], self.ours[1:3], 2, self.ours[1:3] + [7], 2, self.ours[:3], 7, 0, 0, 1.0, 2.0, 0.1, 0.01
-        )
-        yield CycleEvent(
-            1, self.ours[3], [9], 1, [self.ours[4], 1], 0, self.ours[3:4], self.ours[4], 1, 0, 1.0, 2.0, 0.1, 0.02
-        )
+        o = self.ours
+        yield CycleEvent(0, 3, o[0], o[1:3], [0.9, 0.8], 2, o[1:3] + [7], 2, o[:3], 7, 0, 0, 1.0, 2.0, 0.1, 0.01)
+        yield CycleEvent(1, 3, o[3], [9, 2], [0.9, 0.1], 1, [o[4], 1], 0, o[3:4], o[4], 1, 0, 1.0, 2.0, 0.1, 0.02)
         self._note("dflash end")
         yield RunSummary("dflash", len(ids), self.ours[:4], 0.01, 0.02, "max_tokens", 1.0, block_size=3, cycles=2)
 

@@ -1,10 +1,16 @@
 """The playground's HTML and charts from synthetic engine events (no models, no server)."""
 
 import json
+import shutil
+import subprocess
+from html import unescape
 from html.parser import HTMLParser
+from types import SimpleNamespace
 
-from dflash_core.events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent
-from ui import charts, render
+import pytest
+
+from dflash_core.events import CycleEvent, CycleTally, Decision, Divergence, RunSummary, TokenEvent
+from ui import assets, charts, render
 
 # token id -> text for the synthetic events
 TEXT = {
@@ -26,7 +32,7 @@ def text(tok):
     return TEXT[tok]
 
 
-def cycle(i, staged, drafted, posterior, committed=None, t=0.1):
+def cycle(i, staged, drafted, posterior, committed=None, t=0.1, decision=None):
     """posterior has one entry per verified position: shorter than drafted + 1 means the rest
     of the proposals were not verified (the draft was unsure)."""
     verified = len(posterior) - 1
@@ -35,8 +41,10 @@ def cycle(i, staged, drafted, posterior, committed=None, t=0.1):
         a += 1
     return CycleEvent(
         cycle=i,
+        block_size=len(drafted) + 1,
         staged_token=staged,
         drafted=drafted,
+        confidence=[0.9 - 0.1 * k for k in range(len(drafted))],
         verified=verified,
         posterior=posterior,
         accepted_len=a,
@@ -48,6 +56,32 @@ def cycle(i, staged, drafted, posterior, committed=None, t=0.1):
         verify_ms=5.0,
         rollback_ms=0.5,
         t=t,
+        decision=decision,
+    )
+
+
+def plain(
+    i, staged, next_staged, block_size=5, reason="plain step: drafting has been committing 1.3 tokens for 1.6 steps"
+):
+    """A plain step of the adaptive policy: nothing drafted, the target checks the staged token."""
+    return CycleEvent(
+        cycle=i,
+        block_size=block_size,
+        staged_token=staged,
+        drafted=[],
+        confidence=[],
+        verified=0,
+        posterior=[next_staged],
+        accepted_len=0,
+        committed=[staged],
+        next_staged=next_staged,
+        kv_trimmed=0,
+        gdn_replayed=0,
+        draft_ms=0.0,
+        verify_ms=4.0,
+        rollback_ms=0.4,
+        t=0.2,
+        decision=Decision(0, True, 1.0, 1.0, 4.0, reason),
     )
 
 
@@ -287,4 +321,168 @@ def test_charts_from_events():
     fig = charts.tokens_per_cycle_histogram(cycles)
     assert list(fig.data[0].y) == [1, 0, 1, 1]  # one cycle each of 1, 3 and 4 tokens
     empty = charts.all_charts([], None, [], None)
-    assert len(empty) == 5 and all(len(f.data) == 0 for f in empty)
+    assert len(empty) == 6 and all(len(f.data) == 0 for f in empty)
+
+
+# --- the verification policy ---------------------------------------------------------------------
+
+NASTY_REASON = 'plain step: <b>"drafting"</b> & friends committed 1.3 tokens for 1.6 steps'
+
+
+class CycleSpans(HTMLParser):
+    """(classes, title) of every span.cycle."""
+
+    def __init__(self, markup):
+        super().__init__()
+        self.cycles = []
+        self.feed(markup)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "span" and "cycle" in (attrs.get("class") or "").split():
+            self.cycles.append((attrs["class"].split(), attrs.get("title")))
+
+
+def test_a_plain_step_is_drawn_apart_with_its_escaped_reason():
+    drafted = cycle(0, 1, [2, 3, 4, 5], [2, 3, 9, 5, 6])
+    step = plain(1, 9, 4, reason=NASTY_REASON)
+    after = cycle(2, 4, [5, 6, 9, 1], [5, 6, 9, 1, 2])
+    markup = render.dflash_tokens_html([drafted, step, after], pieces_of([drafted, step, after]), text)
+    assert "<b>" not in markup and "&lt;b&gt;" in markup  # the reason is escaped, in the attribute too
+    cycles = CycleSpans(markup).cycles
+    assert ["plain-step" in classes for classes, _ in cycles] == [False, True, False]
+    assert unescape(cycles[1][1]) == NASTY_REASON  # the browser's tooltip: "plain step: <reason>", as written
+    other = plain(3, 9, 4, reason="probe wait 4")  # a reason not saying so itself gets the prefix
+    assert unescape(CycleSpans(render.cycle_spans(other, [TEXT[9]], text)).cycles[0][1]) == "plain step: probe wait 4"
+    spans = Spans(markup).spans
+    plain_spans = [sp for sp in spans if "tok-plain" in sp[0]]
+    assert len(plain_spans) == 1  # the one token a plain step commits: the staged one
+    classes, tip, shown = plain_spans[0]
+    assert "tok-target" in classes and shown == TEXT[9]
+    assert NASTY_REASON in tip and "no draft forward" in tip and "cycle 1" in tip
+    # nothing drafted, so no rejected or unverified proposals in that cycle
+    assert kinds(render.dflash_tokens_html([step], pieces_of([step]), text)) == ["tok-target"]
+    assert "plain-step" in render.LEGEND and "plain step" in render.LEGEND
+
+
+def test_the_inspector_of_a_plain_step_says_no_draft_ran():
+    step = plain(7, 7, 8, reason=NASTY_REASON)
+    markup = render.inspector_html(step, text, policy="adaptive")
+    assert "Cycle 7 · plain step" in markup
+    assert "no draft forward was run" in markup and "checked only the staged token" in markup
+    assert "MASK" not in markup and "draft proposes" not in markup  # no block went into a draft
+    assert "<script>" not in markup and "&lt;script&gt;" in markup  # the staged token's text
+    assert "<b>" not in markup and "&lt;b&gt;&quot;drafting&quot;&lt;/b&gt; &amp; friends" in markup
+    assert "no draft · verify 4.0 ms" in markup
+    # expected 1 token for 1 predicted step; measured (4.0 + 0.4) / 4.0 = 1.10 steps
+    assert "expected</span> 1.00 tokens" in markup and "predicted 1.00 · measured 1.10" in markup
+    assert "exactly one step of plain decoding" in render.explain(step, text)
+    assert "Why: &lt;b&gt;" in markup and "plain step: plain step" not in markup  # the reason once, in words
+
+
+def test_the_inspector_shows_a_drafted_cycles_decision():
+    reason = "verify 2 of 4: expected 2.1 tokens for 1.6 steps; proposal 3 would be accepted with chance 12%"
+    decided = cycle(4, 1, [2, 3, 4, 5], [2, 3, 9], decision=Decision(2, False, 2.1, 1.6, 5.0, reason))
+    markup = render.inspector_html(decided, text, policy="adaptive")
+    assert "policy's decision</span> " + render.esc(reason) in markup
+    assert "expected</span> 2.10 tokens · committed 3" in markup
+    assert "predicted 1.60 · measured 1.50" in markup  # (2 + 5 + 0.5) ms over a 5 ms plain step
+    assert "The policy verified only the first 2" in markup and "target read 3 tokens, not 5" in markup
+    assert "draft confidence" in markup and "<td>0.90</td>" in markup
+    spans = Spans(render.dflash_tokens_html([decided], pieces_of([decided]), text)).spans
+    assert [sp[1] for sp in spans if "tok-unverified" in sp[0]] and all(
+        f"not verified: {reason}" in sp[1] for sp in spans if "tok-unverified" in sp[0]
+    )
+    # the fixed policy's wording stays that of the confidence threshold
+    assert "confidence threshold" in render.inspector_html(decided, text, policy="fixed")
+
+
+def test_a_drafted_cycle_that_verifies_nothing_is_no_bonus():
+    """The adaptive policy may pay for a draft and then verify none of it (v = 0)."""
+    none = cycle(0, 1, [2, 3, 4], [9], decision=Decision(0, False, 1.0, 1.3, 5.0, "verify 0 of 3: ..."))
+    markup = render.dflash_tokens_html([none], pieces_of([none]), text)
+    assert "cycle-bonus" not in markup and "plain-step" not in markup
+    assert kinds(markup) == ["tok-target", "tok-unverified", "tok-unverified", "tok-unverified"]
+    inspector = render.inspector_html(none, text, policy="adaptive")
+    assert "bonus" not in inspector and "No guess was checked" in inspector
+
+
+def test_policy_chart_has_a_point_per_cycle():
+    def decided(c, predicted):
+        c.decision = Decision(c.verified, False, 2.0, predicted, 5.0, "verify")
+        return c
+
+    cycles = [
+        decided(cycle(0, 1, [2, 3, 4, 5], [2, 3, 9, 5, 6]), 1.8),
+        plain(1, 9, 4),
+        plain(2, 4, 5),
+        decided(cycle(3, 5, [6, 9, 1, 2], [6, 9, 1]), 1.5),
+        cycle(4, 1, [2, 3, 4, 5], [2, 9]),  # no decision (an event from before the policy)
+    ]
+    fig = charts.policy_chart(cycles)
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["verified"].x) == [0, 1, 2, 3, 4] and list(by_name["verified"].y) == [4, 0, 0, 2, 1]
+    assert list(by_name["plain step"].x) == [1, 2] and list(by_name["plain step"].y) == [0, 0]
+    assert list(by_name["predicted cost"].x) == [0, 1, 2, 3]  # cycles with a decision
+    assert list(by_name["predicted cost"].y) == [1.8, 1.0, 1.0, 1.5]
+    assert [round(y, 3) for y in by_name["measured cost"].y] == [1.5, 1.1, 1.1, 1.5]
+    assert by_name["measured cost"].yaxis == "y2" and fig.layout.yaxis2.overlaying == "y"
+    assert charts.all_charts([], None, cycles, None)[-1].to_dict() == fig.to_dict()
+    # plain steps show muted in the accepted-length chart too
+    colors = charts.accepted_length_chart(cycles).data[0].marker.color
+    assert colors[1] == colors[2] == charts.PLAIN_COLOR != colors[0]
+
+
+def test_stats_name_the_plain_steps():
+    cycles = [cycle(0, 1, [2, 3, 4, 5], [2, 3, 9, 5, 6]), plain(1, 9, 4), plain(2, 4, 5)]
+    tally = CycleTally.of(cycles)
+    assert ("plain steps", "2 of 3") == render.dflash_extra(tally, "adaptive")[2][:2]
+    assert len(render.dflash_extra(CycleTally.of(cycles[:1]), "fixed")) == 2  # the fixed policy takes none
+    assert render.dflash_extra(None, "adaptive")[2][:2] == ("plain steps", "–")
+    summary = RunSummary(
+        "dflash", 3, [1] * 5, 0.1, 0.5, "max_tokens", 1.0, block_size=5, cycles=3, policy="adaptive", plain_steps=2
+    )
+    assert render.policy_summary(summary) == "adaptive policy: 2 plain steps of 3 cycles"
+    fixed = RunSummary("dflash", 3, [1] * 5, 0.1, 0.5, "max_tokens", 1.0, min_confidence=0.2, policy="fixed")
+    assert render.policy_summary(fixed) == "fixed policy (min confidence 0.2)"
+    assert render.stats_html(5, 0.6, 8.0, render.dflash_extra(tally, "adaptive")).count("plain steps") == 1
+
+
+def copied_link(*settings) -> str:
+    """The page's Copy link script (assets.COPY_LINK_JS), run in node on a page at http://host/."""
+    script = (
+        "globalThis.window = {location: {href: 'http://host/'}}; globalThis.navigator = {};"
+        f"const copy = eval({json.dumps(assets.COPY_LINK_JS)});"
+        f"process.stdout.write(copy(...{json.dumps(list(settings))}));"
+    )
+    return subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def prefilled(url: str) -> dict:
+    """What the page's form opens with for a link: Playground.prefill on its query."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    from ui.app import Playground
+
+    catalogue = SimpleNamespace(is_chat=lambda key: False)  # no pair: the form's own defaults
+    play = Playground(catalogue, worker=None, max_tokens_cap=256)
+    request = SimpleNamespace(query_params=dict(parse_qsl(urlsplit(url).query)))
+    names = ["prompt", "max_tokens", "block_size", "chat", "policy", "min_confidence", "temperature", "top_p", "seed"]
+    return dict(zip(names, play.prefill(None, request)))
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
+def test_the_policy_round_trips_through_the_share_link():
+    fixed = copied_link("def f(x):\n", 40, 5, False, "fixed", 0.35, 0, 1, 0, False)
+    assert "policy=fixed" in fixed and "min_confidence=0.35" in fixed
+    form = prefilled(fixed)
+    assert form["policy"] == "fixed" and form["prompt"] == "def f(x):\n"
+    assert form["min_confidence"].value == 0.35 and form["min_confidence"].interactive is True
+    adaptive = copied_link("hi", 40, 5, True, "adaptive", 0.35, 0, 1, 0, False)
+    assert "policy=adaptive" in adaptive and "min_confidence" not in adaptive  # the threshold is the fixed policy's
+    form = prefilled(adaptive)
+    assert form["policy"] == "adaptive" and form["min_confidence"].interactive is False
+    # a link from before the policy always set min_confidence: it meant the fixed policy
+    assert prefilled("http://host/?prompt=x&min_confidence=0.4")["policy"] == "fixed"
+    assert prefilled("http://host/?prompt=x")["policy"] == "adaptive"
+    assert prefilled("http://host/?prompt=x&policy=bogus")["policy"] == "adaptive"

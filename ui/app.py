@@ -16,6 +16,7 @@ from dflash_core.backend import default_min_confidence
 from dflash_core.benchmark import recorded_figure
 from dflash_core.errors import DFlashError
 from dflash_core.memory import device_memory, gb
+from dflash_core.policy import POLICIES
 from dflash_core.registry import ASSETS as SHIPPED_DIR
 from dflash_core.sampling import Sampling
 from dflash_core.worker import default_worker
@@ -59,6 +60,16 @@ the target chose, the <span class="tok tok-accepted">accepted</span> draft token
 (and, on a CPU, <span class="tok tok-unverified">unverified</span> ones: guesses the draft was unsure of,
 which the target does not check).
 Acceptance rate here is accepted draft tokens ÷ verified draft tokens; tokens/cycle counts the staged token.
+
+**The verification policy.** *Adaptive* (the default) decides every cycle, from a cost model
+measured on this device and the draft's acceptance so far, whether drafting pays at all and how
+many of the draft's guesses to verify. When drafting does not pay it takes a
+<span class="cycle plain-step"><span class="tok tok-target tok-plain">plain step</span></span>: no
+draft forward, the target checks only the staged token, exactly one step of plain decoding. So
+where the draft does not pay, DFlash decodes at about plain decoding's speed, and now and then it
+drafts again to see whether the text has become predictable. *Fixed* verifies the draft's confident
+prefix of every block (the verify threshold) and never steps plainly. The cycle inspector shows
+each decision, its reason, and its predicted against its measured cost in one-token steps.
 """
 
 
@@ -156,8 +167,9 @@ class Playground:
 
     # --- permalink ----------------------------------------------------------------------
     def prefill(self, key, request: gr.Request):
-        """Fill the form from ?prompt=...&max_tokens=...&block_size=...&chat=...&min_confidence=...
-        &temperature=...&top_p=...&seed=...&thinking=..."""
+        """Fill the form from ?prompt=...&max_tokens=...&block_size=...&chat=...&policy=...
+        &min_confidence=...&temperature=...&top_p=...&seed=...&thinking=... A link without a policy
+        but with a min_confidence (made before the adaptive policy) asks for the fixed one."""
         q = dict(request.query_params) if request else {}
         try:
             loaded = self.catalogue.loaded(key) if key else None  # at the precision it was loaded at
@@ -176,12 +188,17 @@ class Playground:
             except ValueError:
                 return default
 
+        policy = policy_of_query(q)
         return (
             q.get("prompt", example_prompts()[0]),
             number("max_tokens", min(128, cap), 1, cap),
             number("block_size", B, 2, B),
             q.get("chat", "0") in ("1", "true", "yes") if "chat" in q else self.catalogue.is_chat(key),
-            number("min_confidence", default_min_confidence(), 0.0, 1.0, float),
+            policy,
+            gr.Slider(
+                value=number("min_confidence", default_min_confidence(), 0.0, 1.0, float),
+                interactive=policy == "fixed",
+            ),
             number("temperature", 0.0, 0.0, MAX_TEMPERATURE, float),
             number("top_p", 1.0, 0.05, 1.0, float),
             number("seed", 0, 0, 2**31 - 1),
@@ -220,18 +237,23 @@ class Playground:
         seed=0,
         thinking=False,
         draft_quant=FULL_PRECISION,
+        policy="adaptive",
         request: gr.Request = None,
     ):
         """Baseline, then DFlash, then the lossless check, streamed to the page. Temperature 0 is
         greedy; above it, plain sampling against speculative sampling with the same seed. Thinking
         turns on the chat template's thinking mode where it has one; draft_quant is the draft's
-        precision (DRAFT_PRECISIONS)."""
+        precision (DRAFT_PRECISIONS); policy is DFlash's verification policy (POLICIES), and
+        min_confidence applies to the fixed one alone. policy comes last, so that callers of the
+        API from before it keep their positions (and get the adaptive policy)."""
         ui = self.ui
         try:
             # the sliders' bounds (Gradio checks them) hold the host's cap and the draft's block size
             max_tokens, block_size = int(max_tokens), int(block_size)
             if draft_quant not in DRAFT_PRECISIONS:
                 raise DFlashError(f"draft precision '{draft_quant}' is not one of {', '.join(DRAFT_PRECISIONS)}")
+            if policy not in POLICIES:
+                raise DFlashError(f"policy '{policy}' is not one of {', '.join(POLICIES)}")
             bits = DRAFT_PRECISIONS[draft_quant]
             if not self.catalogue.is_loaded(key, bits):
                 yield {ui["status"]: render.info_html(f"loading {key} …")}
@@ -255,6 +277,7 @@ class Playground:
             bool(chat),
             hybrid=pair.target.hybrid,
             min_confidence=float(min_confidence),
+            policy=policy,
             sampling=Sampling(float(temperature), float(top_p), int(seed)) if float(temperature or 0) > 0 else None,
             thinking=thinking,
             draft_quant=bits,
@@ -293,7 +316,8 @@ class Playground:
         if shown is None or not shown.run.cycles:
             return render.info_html("run a prompt, then step through its cycles here")
         i = max(0, min(int(index or 0), len(shown.run.cycles) - 1))
-        return render.inspector_html(shown.run.cycles[i], shown.token_text, hybrid=shown.run.hybrid)
+        run = shown.run
+        return render.inspector_html(run.cycles[i], shown.token_text, hybrid=run.hybrid, policy=run.policy)
 
     @staticmethod
     def redraw_tokens(shown: "Shown", all_rejected: bool):
@@ -301,6 +325,14 @@ class Playground:
             return gr.skip()
         limit = None if all_rejected else MAX_REJECTED_SHOWN
         return render.dflash_tokens_html(shown.run.cycles, shown.pieces, shown.token_text, limit)
+
+
+def policy_of_query(q: dict) -> str:
+    """The policy a link asks for: its ?policy= when that is one, else fixed for a link that
+    sets min_confidence (links from before the adaptive policy always did), else adaptive."""
+    if q.get("policy") in POLICIES:
+        return q["policy"]
+    return "fixed" if "min_confidence" in q else "adaptive"
 
 
 def _stats(summary, running: bool, extra: list = ()) -> str:
@@ -382,13 +414,15 @@ class RunView:
             "check": "comparing the two outputs token by token …",
             "done": "stopped: the text so far is kept" if run.stopped or run.verdict == "partial" else "done",
         }[run.stage]
+        policy = render.policy_summary(d) if run.stage in ("check", "done") else ""
+        status += f" · {policy}" if policy else ""
         return {
             ui["status"]: render.info_html(status),
             ui["b_stats"]: _stats(b, run.stage == "baseline"),
             ui["b_out"]: render.plain_text_html(
                 "".join(self.b_text), placeholder=_pending_text(run.stage == "baseline")
             ),
-            ui["d_stats"]: _stats(d, run.stage == "dflash", render.dflash_extra(d.tally if d else None)),
+            ui["d_stats"]: _stats(d, run.stage == "dflash", render.dflash_extra(d.tally if d else None, run.policy)),
             ui["d_out"]: render.plain_text_html("", placeholder=_pending_text(True))
             if run.stage == "dflash"
             else render.dflash_tokens_html(run.cycles, self.d_pieces, self.token_text, MAX_REJECTED_SHOWN),
@@ -414,7 +448,13 @@ class RunView:
                 "sampled",
                 f"temperature {s.temperature:g}, top-p {s.top_p:g}, seed {s.seed}: speculative sampling "
                 "keeps the target's own distribution, so DFlash and plain sampling write different texts from "
-                "the same distribution (temperature 0 gives token-for-token identity)",
+                "the same distribution (temperature 0 gives token-for-token identity)"
+                + (
+                    "; under the adaptive policy the same seed need not repeat DFlash's text (its choices "
+                    "follow measured time): the fixed policy repeats it"
+                    if run.policy == "adaptive"
+                    else ""
+                ),
             )
         elif run.verdict == "diverged":
             out[ui["lossless"]] = render.lossless_html(
@@ -435,7 +475,9 @@ class RunView:
         out[ui["race"]] = render.race_html(self.b_text, b_times, self.d_pieces, d_times, round(speed, 3))
         first = next((c.cycle for c in run.cycles if 0 < c.accepted_len < c.block_size - 1), 0)
         out[ui["insp_slider"]] = gr.Slider(minimum=0, maximum=max(len(run.cycles) - 1, 1), value=first, step=1)
-        out[ui["insp_html"]] = render.inspector_html(run.cycles[first], self.token_text, hybrid=run.hybrid)
+        out[ui["insp_html"]] = render.inspector_html(
+            run.cycles[first], self.token_text, hybrid=run.hybrid, policy=run.policy
+        )
         return out
 
 
@@ -537,14 +579,23 @@ def build_app(
                     info="tokens per block: staged + drafts (up to the draft's trained size)",
                     elem_id="block-size",
                 )
+                policy = gr.Radio(
+                    list(POLICIES),
+                    value="adaptive",
+                    label="Verification policy",
+                    info="adaptive: each cycle a measured cost model picks a plain target step or a draft, "
+                    "and how many guesses to verify; fixed: verify the draft's confident prefix (the threshold below)",
+                    elem_id="policy",
+                )
                 min_confidence = gr.Slider(
                     0,
                     1,
                     value=default_min_confidence(),
                     step=0.05,
                     label="Verify threshold (draft confidence)",
-                    info="the target checks only the leading guesses the draft gives at "
+                    info="fixed policy only: the target checks only the leading guesses the draft gives at "
                     "least this probability (the first always); 0 checks all",
+                    interactive=False,  # the adaptive policy's until the policy is fixed
                     elem_id="min-confidence",
                 )
                 chat = gr.Checkbox(catalogue.is_chat(default), label="Apply the chat template", elem_id="chat-template")
@@ -615,7 +666,7 @@ def build_app(
             with gr.Row():
                 ui["plots"] += [gr.Plot(show_label=False, elem_classes="chart") for _ in range(2)]
             with gr.Row():
-                ui["plots"] += [gr.Plot(show_label=False, elem_classes="chart")]
+                ui["plots"] += [gr.Plot(show_label=False, elem_classes="chart") for _ in range(2)]
         with gr.Accordion("Cycle inspector: step through the cycles", open=True):
             with gr.Row():
                 prev_btn = gr.Button("◀ Prev", size="sm", scale=0, min_width=90)
@@ -655,6 +706,7 @@ def build_app(
             seed,
             thinking,
             draft_quant,
+            policy,  # last: the API's positions from before the policy stay
         ]
         run_event = run_btn.click(
             play.run,
@@ -679,9 +731,17 @@ def build_app(
         theme_btn.click(None, js=assets.THEME_JS)
         link_btn.click(
             None,
-            [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, thinking],
+            [prompt, max_tokens, block_size, chat, policy, min_confidence, temperature, top_p, seed, thinking],
             [link],
             js=assets.COPY_LINK_JS,
+        )
+        policy.change(
+            lambda p: gr.Slider(interactive=p == "fixed"),
+            [policy],
+            [min_confidence],
+            queue=False,
+            show_progress="hidden",
+            api_visibility="private",
         )
         picker_inputs = [model_key, block_size, max_tokens, draft_quant]
         picker_outputs = [model_info, block_size, max_tokens, chat, download_btn, thinking]
@@ -742,7 +802,19 @@ def build_app(
         demo.load(
             play.prefill,
             [model_key],
-            [prompt, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed, model_info, thinking],
+            [
+                prompt,
+                max_tokens,
+                block_size,
+                chat,
+                policy,
+                min_confidence,
+                temperature,
+                top_p,
+                seed,
+                model_info,
+                thinking,
+            ],
             api_visibility="private",
         )
     demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)

@@ -28,6 +28,14 @@ CSS = """
 .tok-more { font-size: 0.75em; opacity: 0.6; padding: 0 3px; }
 .cycle { border-right: 1px solid rgba(128, 128, 128, 0.35); padding-right: 1px; margin-right: 1px; }
 .cycle-bonus .tok-accepted { background: rgba(16, 185, 129, 0.38); }
+/* a plain step of the adaptive policy: no draft, the target decoded one token by itself */
+.cycle.plain-step { outline: 1px dashed rgba(128, 128, 128, 0.6); outline-offset: -1px; border-radius: 3px; }
+.tok-target.tok-plain { background: rgba(128, 128, 128, 0.16); box-shadow: inset 0 -2px 0 rgba(128, 128, 128, 0.55); }
+.legend .cycle.plain-step { border-right: none; margin-left: 8px; }
+.legend .cycle.plain-step .tok { margin: 0; }
+.inspector .decision { margin-top: 4px; }
+.inspector.plain-step table { width: auto; }
+.inspector.plain-step td { min-width: 80px; }
 .legend { font-size: 12px; opacity: 0.85; margin-top: 6px; line-height: 2; }
 .legend .muted { opacity: 0.75; }
 .legend .tok { margin: 0 3px 0 8px; padding: 1px 4px; }
@@ -134,14 +142,15 @@ RACE_JS = """
 
 # Builds a permalink for the current settings, copies it when the browser allows, and shows it.
 COPY_LINK_JS = """
-(prompt, maxTokens, blockSize, chat, minConfidence, temperature, topP, seed, thinking) => {
+(prompt, maxTokens, blockSize, chat, policy, minConfidence, temperature, topP, seed, thinking) => {
   const u = new URL(window.location.href);
   u.search = '';
   u.searchParams.set('prompt', prompt);
   u.searchParams.set('max_tokens', maxTokens);
   u.searchParams.set('block_size', blockSize);
   u.searchParams.set('chat', chat ? '1' : '0');
-  u.searchParams.set('min_confidence', minConfidence);
+  u.searchParams.set('policy', policy);
+  if (policy === 'fixed') u.searchParams.set('min_confidence', minConfidence);  // the fixed policy's alone
   if (thinking) u.searchParams.set('thinking', '1');
   if (temperature > 0) {
     u.searchParams.set('temperature', temperature);

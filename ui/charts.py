@@ -11,6 +11,7 @@ BASELINE_COLOR = "#8b93a7"
 TARGET_COLOR = "#6366f1"
 ACCEPT_COLOR = "#10b981"
 ROLLBACK_COLOR = "#f59e0b"
+PLAIN_COLOR = "#9ca3af"  # plain steps of the adaptive policy
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
@@ -41,7 +42,10 @@ def accepted_length_chart(cycles: list) -> go.Figure:
         fig.add_bar(
             x=[c.cycle for c in cycles],
             y=[c.accepted_len for c in cycles],
-            marker_color=[ACCEPT_COLOR if c.is_bonus else TARGET_COLOR for c in cycles],
+            marker_color=[
+                PLAIN_COLOR if c.plain_step else ACCEPT_COLOR if c.is_bonus and c.verified else TARGET_COLOR
+                for c in cycles
+            ],
             hovertemplate="cycle %{x}<br>accepted %{y}<extra></extra>",
             name="accepted",
         )
@@ -50,7 +54,7 @@ def accepted_length_chart(cycles: list) -> go.Figure:
 
 
 def acceptance_by_position_chart(tally: CycleTally) -> go.Figure:
-    """Fraction of cycles whose draft token at block position k was accepted (k = 1..B-1)."""
+    """Fraction of drafted cycles whose draft token at block position k was accepted (k = 1..B-1)."""
     fig = go.Figure()
     rates = tally.acceptance_by_position
     if rates:
@@ -58,7 +62,7 @@ def acceptance_by_position_chart(tally: CycleTally) -> go.Figure:
             x=list(range(1, len(rates) + 1)),
             y=rates,
             marker_color=ACCEPT_COLOR,
-            hovertemplate="position %{x}<br>%{y:.0%} of cycles<extra></extra>",
+            hovertemplate="position %{x}<br>%{y:.0%} of drafted cycles<extra></extra>",
         )
         fig.update_yaxes(range=[0, 1], tickformat=".0%")
         fig.update_xaxes(dtick=1)
@@ -133,8 +137,65 @@ def tokens_per_cycle_histogram(cycles: list) -> go.Figure:
     return _layout(fig, "Tokens committed per cycle", "tokens in the cycle", "cycles")
 
 
+def policy_chart(cycles: list) -> go.Figure:
+    """The policy's decisions per cycle: the proposals it verified (bars, left axis; plain steps
+    marked at 0) and the cycle's cost in plain one-token steps, predicted when it decided and
+    measured after (lines, right axis). Cycles without a decision have no cost points."""
+    fig = go.Figure()
+    if not cycles:
+        return _layout(fig, "Policy: verified rows and cost per cycle", "cycle", "proposals verified")
+    B = cycles[0].block_size
+    fig.add_bar(
+        x=[c.cycle for c in cycles],
+        y=[c.verified for c in cycles],
+        marker_color=[PLAIN_COLOR if c.plain_step else TARGET_COLOR for c in cycles],
+        name="verified",
+        hovertemplate="cycle %{x}<br>verified %{y}<extra></extra>",
+    )
+    plain = [c for c in cycles if c.plain_step]
+    if plain:
+        fig.add_scatter(
+            x=[c.cycle for c in plain],
+            y=[0] * len(plain),
+            mode="markers",
+            name="plain step",
+            marker=dict(color=PLAIN_COLOR, symbol="x-thin-open", size=8, line=dict(width=2)),
+            hovertemplate="cycle %{x}: plain step (no draft)<extra></extra>",
+        )
+    decided = [c for c in cycles if c.decision is not None]
+    for name, steps, dash, color in (
+        ("predicted cost", lambda c: c.decision.predicted_steps, "dot", ROLLBACK_COLOR),
+        ("measured cost", lambda c: c.measured_steps, "solid", ACCEPT_COLOR),
+    ):
+        fig.add_scatter(
+            x=[c.cycle for c in decided],
+            y=[steps(c) for c in decided],
+            mode="lines",
+            name=name,
+            yaxis="y2",
+            line=dict(color=color, width=1.5, dash=dash),
+            hovertemplate=f"cycle %{{x}}<br>{name} %{{y:.2f}} steps<extra></extra>",
+        )
+    fig.update_yaxes(range=[0, B - 0.5])
+    fig = _layout(fig, "Policy: verified rows and cost per cycle", "cycle", "proposals verified")
+    fig.update_layout(
+        yaxis2=dict(
+            title="cost (one-token steps)",
+            overlaying="y",
+            side="right",
+            rangemode="tozero",
+            gridcolor="rgba(0,0,0,0)",
+            zerolinecolor="rgba(128,128,128,0.3)",
+        ),
+        margin=dict(r=50, b=84),
+        height=300,  # the legend goes below: four entries would cover the title
+        legend=dict(orientation="h", x=0, xanchor="left", y=-0.3, yanchor="top"),
+    )
+    return fig
+
+
 def all_charts(baseline_events: list, baseline_summary: RunSummary, cycles: list, dflash_summary: RunSummary) -> list:
-    """The five figures in display order."""
+    """The six figures in display order."""
     return [
         tokens_vs_time_chart(
             baseline_events,
@@ -146,4 +207,5 @@ def all_charts(baseline_events: list, baseline_summary: RunSummary, cycles: list
         acceptance_by_position_chart(dflash_summary.tally if dflash_summary else CycleTally.of(cycles)),
         time_split_chart(cycles),
         tokens_per_cycle_histogram(cycles),
+        policy_chart(cycles),
     ]

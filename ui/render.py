@@ -73,9 +73,12 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
     struck through (and those the target did not verify, under a confidence threshold). `pieces`
     are the texts of `ev.committed`; `draft_text(id)` decodes one proposal on its own. At most
     `max_rejected` rejected drafts are shown (None = all)."""
+    if ev.plain_step:
+        return _plain_step_spans(ev, pieces)
     a, v = ev.accepted_len, ev.verified
+    bonus = _bonus(ev)
     head = f"cycle {ev.cycle}"
-    tail = f"accepted {a}/{v}" + (" (all: bonus token next)" if ev.is_bonus else "")
+    tail = f"accepted {a}/{v}" + (" (all: bonus token next)" if bonus else "")
     if v < len(ev.drafted):
         tail += f" · {len(ev.drafted) - v} unsure proposals not verified"
     out = []
@@ -92,7 +95,8 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
         for j, tok in enumerate(shown):
             k = a + 1 + j
             if k > v:
-                kind, why = "unverified", "not verified: the draft was unsure"
+                kind = "unverified"
+                why = f"not verified: {_reason(ev)}" if _reason(ev) else "not verified: the draft was unsure"
             else:
                 kind = "rejected"
                 if j > 0:
@@ -110,8 +114,37 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
             out.append(
                 f'<span class="tok-more" title="{more} more draft tokens of cycle {ev.cycle} not committed (rejected or unverified)">+{more}</span>'
             )
-    cls = "cycle cycle-bonus" if ev.is_bonus else "cycle"
+    cls = "cycle cycle-bonus" if bonus else "cycle"
     return f'<span class="{cls}" data-cycle="{ev.cycle}">{"".join(out)}</span>'
+
+
+def _bonus(ev: CycleEvent) -> bool:
+    """All verified proposals accepted, and there was at least one (a drafted cycle that verified
+    none has nothing to be a bonus after)."""
+    return ev.is_bonus and ev.verified > 0
+
+
+def _reason(ev: CycleEvent) -> str:
+    """The policy's one line for the cycle ('' for events without a decision)."""
+    return ev.decision.reason if ev.decision is not None else ""
+
+
+PLAIN_STEP_WORDS = "no draft forward; the target checked only the staged token: one plain decoding step"
+
+
+def _plain_step_why(ev: CycleEvent) -> str:
+    """ "plain step: <the policy's reason>" (its reason mostly says "plain step: " already)."""
+    reason = _reason(ev) or "the policy decoded plainly"
+    return reason if reason.startswith("plain step") else f"plain step: {reason}"
+
+
+def _plain_step_spans(ev: CycleEvent, pieces: list) -> str:
+    """A plain step: its one committed token (the staged one), muted and outlined, its tooltip
+    the policy's reason."""
+    why = _plain_step_why(ev)
+    tip = f"cycle {ev.cycle} · {why} · {PLAIN_STEP_WORDS}"
+    spans = "".join(_token_span(text, "tok-target tok-plain", tip) for text in pieces)
+    return f'<span class="cycle plain-step" data-cycle="{ev.cycle}" title="{esc(why)}">{spans}</span>'
 
 
 def _draw_tip(ev: CycleEvent, k: int) -> str:
@@ -138,7 +171,9 @@ LEGEND = (
     '<div class="legend"><div>'
     '<span class="tok tok-target">staged</span> the target\'s own token, one per cycle'
     '<span class="tok tok-accepted">accepted</span> draft tokens the target agreed with'
-    '<span class="tok tok-rejected">rejected</span> draft tokens after the first disagreement</div>'
+    '<span class="tok tok-rejected">rejected</span> draft tokens after the first disagreement'
+    '<span class="cycle plain-step"><span class="tok tok-target tok-plain">plain step</span></span> '
+    "the policy skipped the draft: the target decoded one token by itself</div>"
     '<div class="muted"><span class="ws">↵</span> newline · <span class="ws">␣</span> space in a draft · '
     "a thin bar ends each cycle · hover a token for its cycle, block position and accepted length</div>"
     "</div>"
@@ -166,15 +201,34 @@ def stats_html(tokens: int, elapsed_s: float, tps: float, extra: list = (), stat
     return f'<div class="stats">{"".join(cells)}{badge}</div>'
 
 
-def dflash_extra(tally: CycleTally = None) -> list:
-    """tokens/cycle and acceptance rate from a finished run's tally (dashes before)."""
+PLAIN_STEPS_HINT = "cycles where the adaptive policy drafted nothing: the target decoded one token by itself"
+
+
+def dflash_extra(tally: CycleTally = None, policy: str = None) -> list:
+    """tokens/cycle and acceptance rate from a finished run's tally (dashes before); under the
+    adaptive policy also its plain steps."""
+    plain = policy == "adaptive"
     if tally is None or not tally.cycles:
-        return [("tokens/cycle", "–", ""), ("accept rate", "–", "")]
+        return [("tokens/cycle", "–", ""), ("accept rate", "–", "")] + ([("plain steps", "–", "")] if plain else [])
     tau, rate = tally.tokens_per_cycle, tally.acceptance_rate
-    return [
+    out = [
         ("tokens/cycle", f"{tau:.2f}", "mean tokens committed per cycle (tau, counts the staged token)"),
         ("accept rate", f"{100 * rate:.0f}%", "accepted draft tokens / draft tokens the target verified"),
     ]
+    if plain or tally.plain_steps:
+        out.append(("plain steps", f"{tally.plain_steps} of {tally.cycles}", PLAIN_STEPS_HINT))
+    return out
+
+
+def policy_summary(summary: RunSummary) -> str:
+    """The run's policy in words, e.g. "adaptive policy: 12 plain steps of 40 cycles" ('' for
+    runs that are not DFlash's)."""
+    if summary is None or summary.engine != "dflash" or not summary.policy:
+        return ""
+    if summary.policy == "fixed":
+        return f"fixed policy (min confidence {summary.min_confidence:g})"
+    n = summary.plain_steps
+    return f"adaptive policy: {n} plain step{'' if n == 1 else 's'} of {summary.cycles} cycles"
 
 
 def speedup_html(baseline: RunSummary = None, dflash: RunSummary = None, recorded: dict = None) -> str:
@@ -268,9 +322,14 @@ def race_html(
     )
 
 
-def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: bool = False) -> str:
+def inspector_html(
+    ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: bool = False, policy: str = None
+) -> str:
     """One cycle laid out as a table over block positions 0..B-1, then what was committed and
-    rolled back. `token_text(id)` decodes one token."""
+    rolled back, and the policy's decision. `token_text(id)` decodes one token; `policy` is the
+    run's ("adaptive" | "fixed"; None: fixed, as runs before the adaptive policy)."""
+    if ev.plain_step:
+        return _plain_step_inspector(ev, token_text, hybrid)
     B, a, v = ev.block_size, ev.accepted_len, ev.verified
 
     def cell(tok, cls=""):
@@ -292,10 +351,28 @@ def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: 
         + unchecked
     )
     rows = [("block into the draft", block), ("draft proposes", drafted)]
+    if ev.confidence:
+        rows.append(("draft confidence", "<td></td>" + "".join(f"<td>{c:.2f}</td>" for c in ev.confidence)))
     rows += _sampling_rows(ev, unchecked) if ev.draws else _greedy_rows(ev, wanted, unchecked)
     table = "".join(f"<tr><th class='rowh'>{esc(n)}</th>{r}</tr>" for n, r in rows)
+    unsure = "unsure proposals" if policy != "adaptive" else "proposals"
+    facts = (
+        f"<div><span class='k'>accepted length</span> <b>{a}</b> of {v} verified"
+        f"{f' ({B - 1 - v} {unsure} not verified)' if v < B - 1 else ''}</div>"
+        + _outcome_facts(ev, token_text, hybrid)
+        + _decision_facts(ev)
+    )
+    return (
+        f"<div class='inspector'><div class='insp-title'>Cycle {ev.cycle}</div>"
+        f"<div class='table-wrap'><table><tr><th class='rowh'>block position</th>{head}</tr>{table}</table></div>"
+        f"<div class='facts'>{facts}</div><div class='explain'>{explain(ev, token_text, policy)}</div></div>"
+    )
+
+
+def _outcome_facts(ev: CycleEvent, token_text, hybrid: bool) -> str:
+    """What the cycle committed, staged next, rolled back, and its time."""
     nxt = token_text(ev.next_staged)
-    kind = "bonus" if ev.is_bonus else "correction"
+    kind = "bonus" if _bonus(ev) else ("the target's pick" if ev.verified == 0 else "correction")
     committed = "".join(
         f'<span class="tok {"tok-target" if i == 0 else "tok-accepted"}">{show_text(token_text(t), inline=True)}</span>'
         for i, t in enumerate(ev.committed)
@@ -305,21 +382,77 @@ def inspector_html(ev: CycleEvent, token_text, mask_text: str = "MASK", hybrid: 
         rollback += (
             f"; {ev.gdn_replayed} GatedDeltaNet step{'' if ev.gdn_replayed == 1 else 's'} replayed per linear layer"
         )
-    facts = (
-        f"<div class='facts'>"
-        f"<div><span class='k'>accepted length</span> <b>{a}</b> of {v} verified"
-        f"{f' ({B - 1 - v} unsure proposals not verified)' if v < B - 1 else ''}</div>"
-        f"<div><span class='k'>committed</span> {committed} <span class='muted'>({len(ev.committed)} tokens)</span></div>"
+    draft = "no draft" if ev.plain_step else f"draft {ev.draft_ms:.1f} ms"
+    n = len(ev.committed)
+    return (
+        f"<div><span class='k'>committed</span> {committed} <span class='muted'>({n} token{'' if n == 1 else 's'})</span></div>"
         f"<div><span class='k'>next staged ({kind})</span> <span class='tok tok-target'>{show_text(nxt, inline=True)}</span></div>"
         f"<div><span class='k'>rollback</span> {esc(rollback)}</div>"
-        f"<div><span class='k'>time</span> draft {ev.draft_ms:.1f} ms · verify {ev.verify_ms:.1f} ms · "
-        f"rollback {ev.rollback_ms:.1f} ms · committed at {ev.t:.3f} s</div></div>"
+        f"<div><span class='k'>time</span> {draft} · verify {ev.verify_ms:.1f} ms · "
+        f"rollback {ev.rollback_ms:.1f} ms · committed at {ev.t:.3f} s</div>"
+    )
+
+
+def _decision_facts(ev: CycleEvent) -> str:
+    """The policy's decision: its reason, the tokens it expected, and the cost it predicted
+    against the cost measured, both in plain one-token steps."""
+    d = ev.decision
+    if d is None:
+        return ""
+    measured = ev.measured_steps
+    return (
+        f"<div class='decision'><span class='k'>policy's decision</span> {esc(d.reason)}</div>"
+        f"<div><span class='k'>expected</span> {d.expected_tokens:.2f} tokens · "
+        f"committed {len(ev.committed)}</div>"
+        f"<div><span class='k'>cost (one-token steps)</span> predicted {d.predicted_steps:.2f} · "
+        f"measured {measured:.2f} <span class='muted'>({ev.cycle_ms:.1f} ms; a plain step was "
+        f"{d.step_ms:.1f} ms by the cost model)</span></div>"
+    )
+
+
+def _plain_step_inspector(ev: CycleEvent, token_text, hybrid: bool) -> str:
+    """A plain step: the target's one-token forward over the staged token, and why the policy took it."""
+
+    def cell(tok, cls=""):
+        return f'<td class="{cls}"><code>{show_text(token_text(tok), inline=True) or "&nbsp;"}</code></td>'
+
+    rows = [
+        ("target reads", cell(ev.staged_token, "staged")),
+        ("target's pick after it", cell(ev.next_staged, "fix")),
+    ]
+    table = "".join(f"<tr><th class='rowh'>{esc(n)}</th>{r}</tr>" for n, r in rows)
+    facts = (
+        "<div><span class='k'>plain step</span> no draft forward: the target checked only the staged token</div>"
+        + _outcome_facts(ev, token_text, hybrid)
+        + _decision_facts(ev)
     )
     return (
-        f"<div class='inspector'><div class='insp-title'>Cycle {ev.cycle}</div>"
-        f"<div class='table-wrap'><table><tr><th class='rowh'>block position</th>{head}</tr>{table}</table></div>"
-        f"{facts}<div class='explain'>{explain(ev, token_text)}</div></div>"
+        f"<div class='inspector plain-step'><div class='insp-title'>Cycle {ev.cycle} · plain step</div>"
+        f"<div class='table-wrap'><table><tr><th class='rowh'>block position</th><th>0</th></tr>{table}</table></div>"
+        f"<div class='facts'>{facts}</div><div class='explain'>{_explain_plain_step(ev, token_text)}</div></div>"
     )
+
+
+def _explain_plain_step(ev: CycleEvent, token_text) -> str:
+    def q(tok):
+        return f"<code>{show_text(token_text(tok), inline=True)}</code>"
+
+    chose = "drew" if ev.draws else "chose"
+    s = [
+        f"The policy took a plain step: no draft forward was run, so none was paid for, and the target "
+        f"checked only the staged token {q(ev.staged_token)} in a one-token forward pass: exactly one step of "
+        f"plain decoding. It committed {q(ev.staged_token)} and {chose} {q(ev.next_staged)} after it, staged "
+        "for the next cycle.",
+    ]
+    if ev.decision is not None:
+        why = _plain_step_why(ev).removeprefix("plain step: ")
+        s.append(f"Why: {esc(why[:1].upper() + why[1:])}.")
+    s.append(
+        "Drafting pays only while the target accepts enough of the draft's guesses to cover the draft's "
+        "forward and the extra rows it verifies; while it does not, plain steps keep DFlash as fast as plain "
+        "decoding. Every so often the policy drafts again (a probe), to notice text that has become predictable."
+    )
+    return "<p>" + "</p><p>".join(s) + "</p>"
 
 
 def _greedy_rows(ev: CycleEvent, wanted: str, unchecked: str) -> list:
@@ -355,28 +488,53 @@ def _sampling_rows(ev: CycleEvent, unchecked: str) -> list:
     ]
 
 
-def explain(ev: CycleEvent, token_text) -> str:
+def _read_words(ev: CycleEvent, policy: str = None) -> str:
+    """How much of the block the target read, and why (the start of a sentence)."""
+    B, v = ev.block_size, ev.verified
+    if v == B - 1:
+        return f"The target then read the {B} tokens in one forward pass and"
+    if v == 0:
+        return (
+            "The policy then judged that not even the first guess was worth its row in the target's "
+            "forward pass, so the target read only the staged token, and"
+        )
+    if policy == "adaptive":
+        return (
+            f"The policy verified only the first {v}: past them, a guess's chance of being accepted no longer "
+            f"paid for the row it adds to the target's forward pass, so the target read {v + 1} tokens, not {B}. It"
+        )
+    return (
+        f"The draft was sure of only the first {v} (each at least the confidence threshold; "
+        f"the first always goes), so the target read {v + 1} tokens, not {B}: on a CPU every "
+        "verified position costs time, and unsure guesses are rarely accepted. It"
+    )
+
+
+def explain(ev: CycleEvent, token_text, policy: str = None) -> str:
     """The cycle in plain words (escaped HTML)."""
+    if ev.plain_step:
+        return _explain_plain_step(ev, token_text)
     B, a, v = ev.block_size, ev.accepted_len, ev.verified
 
     def q(tok):
         return f"<code>{show_text(token_text(tok), inline=True)}</code>"
 
-    read = (
-        f"The target then read the {B} tokens in one forward pass and"
-        if v == B - 1
-        else f"The draft was sure of only the first {v} (each at least the confidence threshold; "
-        f"the first always goes), so the target read {v + 1} tokens, not {B}: on a CPU every "
-        "verified position costs time, and unsure guesses are rarely accepted. It"
-    )
+    read = _read_words(ev, policy)
     if ev.draws:
         return _explain_sampled(ev, q, read)
     s = [
         f"The target had already chosen {q(ev.staged_token)} (the staged token). "
         f"The draft saw it followed by {B - 1} MASK slots and filled all {B - 1} in one forward pass.",
-        f"{read} said, at every position, which token it would pick itself.",
+        f"{read} said, at every position, which token it would pick itself."
+        if v
+        else f"{read} said which token it would pick next.",
     ]
-    if ev.is_bonus:
+    if v == 0:
+        s.append(
+            f"No guess was checked, so only the staged token was committed; the target's pick "
+            f"{q(ev.next_staged)} is staged for the next cycle."
+        )
+    elif ev.is_bonus:
         s.append(
             f"It agreed with every {'verified ' if v < B - 1 else ''}guess, so all {a} were kept, and its pick after the last one, "
             f"{q(ev.next_staged)}, comes free: a bonus token, staged for the next cycle."
@@ -411,7 +569,12 @@ def _explain_sampled(ev: CycleEvent, q, read: str) -> str:
         f"{read} gave its own distribution p at every position. Going left to right, each proposal is "
         "kept with probability min(1, p(d) / q(d)): a uniform draw u keeps it when u < p(d) / q(d).",
     ]
-    if ev.is_bonus:
+    if v == 0:
+        s.append(
+            f"No proposal was examined, so the next token, {q(ev.next_staged)}, was drawn from the target's p "
+            "after the staged one, as plain sampling would draw it."
+        )
+    elif ev.is_bonus:
         s.append(
             f"All {a} {'verified ' if v < B - 1 else ''}proposals were kept, so the next token, {q(ev.next_staged)}, "
             "was drawn from the target's p after the last one: a bonus token, staged for the next cycle."

@@ -18,7 +18,8 @@ class Comparison:
     block_size: int
     chat_template: bool
     hybrid: bool = False
-    min_confidence: float = None  # None: the backend's default
+    min_confidence: float = None  # the fixed policy's threshold; None: the backend's default
+    policy: str = "adaptive"  # "adaptive" | "fixed" (dflash_core.policy.POLICIES)
     sampling: Sampling = None  # None: greedy, both engines; else plain vs speculative sampling, seeded alike
     thinking: bool = False  # the chat template's thinking mode was on
     draft_quant: int = None  # bits of the draft's quantized linear layers; None: as stored
@@ -48,7 +49,11 @@ class Comparison:
                 "chat_template": self.chat_template,
                 "thinking": self.thinking,
                 "draft_quant": self.draft_quant,
-                "min_confidence": self.dflash_summary.min_confidence if self.dflash_summary else None,
+                "policy": self.dflash_summary.policy if self.dflash_summary else self.policy,
+                # the threshold applies to the fixed policy alone
+                "min_confidence": self.dflash_summary.min_confidence
+                if self.dflash_summary and self.dflash_summary.policy == "fixed"
+                else None,
                 "temperature": self.sampling.temperature if self.sampling else 0.0,
                 "top_p": self.sampling.top_p if self.sampling else 1.0,
                 "seed": self.sampling.seed if self.sampling else None,
@@ -106,7 +111,15 @@ def compare(worker, pair, run: Comparison, user_stop: threading.Event):
         worker,
         run,
         "dflash",
-        lambda stop: pair.dflash(ids, n, B, stop, min_confidence=run.min_confidence, sampling=run.sampling),
+        lambda stop: pair.dflash(
+            ids,
+            n,
+            B,
+            stop,
+            min_confidence=run.min_confidence if run.policy == "fixed" else None,
+            sampling=run.sampling,
+            policy=run.policy,
+        ),
         user_stop,
     )
     if run.sampling:  # the same distribution, not the same tokens: nothing to compare token by token

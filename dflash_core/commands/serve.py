@@ -11,7 +11,7 @@ from ..argtypes import count, positive_int
 from ..errors import DFlashError
 from ..registry import DEFAULT_PAIR
 from ..worker import default_worker
-from .common import add_pair_args, load, log
+from .common import add_pair_args, add_policy_args, load, log, policy_of
 
 
 def add_parser(sub):
@@ -19,7 +19,7 @@ def add_parser(sub):
         "serve",
         help="serve an OpenAI-compatible API with metrics (and the playground)",
         description="One process: POST /v1/chat/completions and /v1/completions (greedy through "
-        "DFlash, temperature > 0 by plain sampling), GET /v1/models, /health, "
+        "DFlash, temperature > 0 by speculative sampling), GET /v1/models, /health, "
         "/metrics (Prometheus), /metrics.json, and the playground at /.",
     )
     add_pair_args(p)
@@ -52,7 +52,21 @@ def add_parser(sub):
         metavar="N",
         help="requests that may wait behind the one generating; more are answered 429 with Retry-After (default 64)",
     )
+    add_policy_args(p)  # the server's; a request's "dflash_policy" overrides it
     p.set_defaults(func=run)
+
+
+def server_policy_options(args, grouped: bool) -> dict:
+    """--policy / --min-confidence for the server ({}: its defaults, the engine's), checked
+    before anything loads."""
+    policy = policy_of(args)
+    if grouped and policy == "adaptive":
+        raise DFlashError(
+            "--policy adaptive cannot serve a target split across processes (each would decide from its own "
+            "timings): give --policy fixed, or leave it out"
+        )
+    given = {"policy": policy, "min_confidence": args.min_confidence}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _check_port(host: str, port: int):
@@ -107,6 +121,7 @@ def serving_app(pair, model_id: str, playground: dict = None, **options):
 def run(args) -> int:
     from ..server import serve
 
+    policy = server_policy_options(args, distributed.size() > 1)  # on every rank, before anything loads
     if distributed.primary():  # under mlx.launch only rank 0 serves HTTP
         _check_port(args.host, args.port)
     worker = default_worker()
@@ -127,9 +142,10 @@ def run(args) -> int:
         + ("" if playground is None else ", the playground at /")
         + ")"
         + (" with an API key" if args.api_key else "")
+        + f"; {policy.get('policy') or ('fixed' if policy or grouped else 'the default')} policy"
         + (f"; the target is split across {distributed.size()} processes (no playground)" if grouped else "")
     )
-    given = {"max_queue": args.max_queue, "max_tokens": args.max_tokens}
+    given = {"max_queue": args.max_queue, "max_tokens": args.max_tokens, **policy}
     try:
         app = serving_app(
             pair,
