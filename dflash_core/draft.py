@@ -12,6 +12,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from . import fused_attention
+
 
 @dataclass
 class DraftConfig:
@@ -178,7 +180,7 @@ class Attention(nn.Module):
         if ctx_k is not None:
             k = mx.concatenate([ctx_k, k], axis=2)
             v = mx.concatenate([ctx_v, v], axis=2)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        out = fused_attention.attention(q, k, v, self.scale, mask)  # MLX's own on a CPU
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 

@@ -13,6 +13,7 @@ import mlx.core as mx
 from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
 
+from . import fused_attention
 from .errors import DFlashError
 
 PREFILL_CHUNK = 512
@@ -122,6 +123,7 @@ class Target:
 
     def __init__(self, model, tap_ids: list):
         self.model = model
+        fused_attention.install(model)  # a GPU's few-row verify attention; nothing on a CPU
         owner = self._text_owner(model)
         self.inner = owner.model  # embed_tokens, layers, norm
         lm_head = getattr(owner, "lm_head", None)
