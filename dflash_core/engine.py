@@ -102,15 +102,17 @@ def dflash_generate(
 
     while stop is None:
         t = time.perf_counter()
-        decision, plain = rule.before_draft()
+        decision = rule.before_draft()
         if decision is not None:
-            # plain steps: no draft forward; the target checks the staged token alone
+            # plain steps, until the policy drafts again: no draft forward; the target checks the
+            # staged token alone
             t_step, pending = t, []
-            for token, taps in _plain_steps(target, staged, plain, sampling):
+            for token, sure, taps in _plain_steps(target, staged, rule.keep_plain, sampling):
                 pending.append(taps)
                 now = time.perf_counter()
                 committed, staged = [staged], token
-                yield record(**_plain_cycle(committed, token, decision, (now - t_step) * 1e3, now - t0))
+                cycle = _plain_cycle(committed, token, sure, decision, (now - t_step) * 1e3, now - t0)
+                yield record(**cycle)
                 t_step = time.perf_counter()  # the consumer's time is not the step's
                 if stop is not None:
                     break
@@ -205,34 +207,42 @@ def dflash_generate(
     )
 
 
-def _plain_steps(target: Target, staged: int, n: int, sampling: Sampling | None) -> Iterator:
-    """n plain target steps from `staged`: yields (next token, its input's taps) per step. Each
-    step is launched before the previous one's token is read, as mlx-lm's generate_step does, so
-    that building one step's graph overlaps computing the last."""
+def _plain_steps(target: Target, staged: int, keep_going: Callable[[], bool], sampling: Sampling | None):
+    """Plain target steps from `staged`: yields (next token, the target's probability of it, its
+    input's taps) per step. Each step is launched before the previous one's token is read, as
+    mlx-lm's generate_step does, so that building one step's graph overlaps computing the last;
+    `keep_going()`, asked before each launch, has therefore seen all but the step in flight."""
 
     def launch(token: mx.array):
         logits, taps = target.step(token)
         if sampling:
-            nxt = mx.random.categorical(mx.log(sampling.probabilities(logits[None])))
+            probs = sampling.probabilities(logits[None])
+            nxt = mx.random.categorical(mx.log(probs))
+            sure = probs[0, nxt[0]]
         else:
             nxt = mx.argmax(logits, axis=-1, keepdims=True)
-        mx.async_eval(nxt, *taps)
-        return nxt, taps
+            sure = mx.exp(mx.max(logits) - mx.logsumexp(logits))
+        mx.async_eval(nxt, sure, *taps)
+        return nxt, sure, taps
 
     step = launch(mx.array([staged]))
-    for i in range(n):
-        token, taps = step
-        if i + 1 < n:
+    while True:
+        token, sure, taps = step
+        more = keep_going()
+        if more:
             step = launch(token)
-        yield token.item(), taps
+        yield token.item(), sure.item(), taps
+        if not more:
+            return
 
 
-def _plain_cycle(committed: list, token: int, decision, step_ms: float, t: float) -> dict:
-    """A plain step's CycleEvent fields: nothing drafted, the staged token checked alone."""
+def _plain_cycle(committed: list, token: int, sure: float, decision, step_ms: float, t: float) -> dict:
+    """A plain step's CycleEvent fields: nothing drafted, the staged token checked alone; its
+    `confidence` is the target's own probability of the token it chose."""
     return dict(
         staged_token=committed[0],
         drafted=[],
-        confidence=[],
+        confidence=[sure],
         verified=0,
         posterior=[token],
         accepted_len=0,

@@ -42,7 +42,7 @@ class CycleEvent:
     block_size: int  # B: the draft's block (its forward proposes B-1 tokens)
     staged_token: int  # the target's own choice, known before this cycle
     drafted: list  # the draft's B-1 proposals; [] in a plain step
-    confidence: list  # the draft's probability of each proposal
+    confidence: list  # the draft's probability of each proposal; a plain step: the target's of its token
     verified: int  # how many of them the target checked (the policy's v)
     posterior: list  # the target's greedy choice after each of the verified + 1 positions
     accepted_len: int  # a: greedy, the longest prefix where drafted == posterior[:-1]; sampling, kept by the draws

@@ -31,6 +31,7 @@ PRIOR_CYCLES = 2  # a v not verified lately is estimated as if seen this often a
 # cycle, or a fast average, would turn a run to plain steps on bad luck and keep it there.
 DRAFTED_WINDOW = 8
 MAX_PROBE_WAIT = 32  # most plain steps between two probes
+TARGET_WINDOW = 4  # plain tokens whose target probability can call a probe early
 
 
 def _bin_middle(b: int) -> float:
@@ -227,6 +228,7 @@ class Policy:
         self.drafted = deque(maxlen=DRAFTED_WINDOW)  # (tokens committed, seconds) of the latest drafted cycles
         self.plain_streak = 0
         self.probe_wait = 1
+        self.target_sure = deque(maxlen=TARGET_WINDOW)  # the target's probability of its last plain tokens
 
     @property
     def adaptive(self) -> bool:
@@ -239,19 +241,16 @@ class Policy:
     def _drafting_rate(self) -> float:
         return sum(t for t, _ in self.drafted) / sum(s for _, s in self.drafted)
 
-    def before_draft(self) -> tuple:
-        """(a plain step's Decision, how many plain steps to take before drafting again), or
-        (None, 0): draft."""
+    def before_draft(self) -> Decision | None:
+        """A plain step's Decision (plain steps follow until keep_plain says no), or None: draft."""
         if not self.adaptive or not self.drafted:
-            return None, 0
+            return None
         plain_s = self.costs.plain_s()
-        if self._drafting_rate() >= 1 / plain_s:
-            return None, 0
-        if self.plain_streak >= self.probe_wait:
-            return None, 0  # a probe: after_draft says so
+        if self._drafting_rate() >= 1 / plain_s or self.plain_streak:  # pays, or a probe is due
+            return None
         n = len(self.drafted)
         tokens, steps = sum(t for t, _ in self.drafted) / n, sum(s for _, s in self.drafted) / n / plain_s
-        decision = Decision(
+        return Decision(
             verified=0,
             plain_step=True,
             expected_tokens=1.0,
@@ -259,7 +258,19 @@ class Policy:
             step_ms=plain_s * 1e3,
             reason=f"plain step: the last {n} drafted cycles committed {tokens:.1f} tokens each for {steps:.1f} steps",
         )
-        return decision, self.probe_wait - self.plain_streak
+
+    def keep_plain(self) -> bool:
+        """Whether the plain steps go on (asked with one step in flight): until the next probe is
+        due, or sooner where the target has been sure of its own tokens lately, which is where a
+        draft is accepted: when, taking the target's recent probability as the chance that each
+        proposal is accepted, a drafted cycle would pay for itself."""
+        if self.plain_streak + 1 >= self.probe_wait:
+            return False
+        if len(self.target_sure) < self.target_sure.maxlen:
+            return True
+        sure = sum(self.target_sure) / len(self.target_sure)
+        v = self.B - 1
+        return expected_tokens([sure] * v, v) < self.costs.cycle_s(v) / self.costs.plain_s()
 
     def after_draft(self, confidence: list | None) -> Decision:
         """How many proposals to verify, given the draft's probability of each (None: not read;
@@ -295,6 +306,7 @@ class Policy:
         self.costs.observe(plain, ev.verified, seconds)
         if plain:
             self.plain_streak += 1
+            self.target_sure.append(ev.confidence[0])
             return
         self.acceptance.observe(ev)
         was_probe = self.plain_streak > 0
@@ -304,3 +316,4 @@ class Policy:
             paid = self._drafting_rate() >= 1 / self.costs.plain_s()
             self.probe_wait = 1 if paid else min(2 * self.probe_wait, MAX_PROBE_WAIT)
         self.plain_streak = 0
+        self.target_sure.clear()

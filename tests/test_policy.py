@@ -13,6 +13,7 @@ from dflash_core import engine
 from dflash_core.events import CONFIDENCE_EDGES, CycleEvent, Decision
 from dflash_core.policy import (
     PRIOR_TRIALS,
+    TARGET_WINDOW,
     AcceptancePredictor,
     CostModel,
     CostProfile,
@@ -99,29 +100,51 @@ def test_cheap_rows_verify_the_whole_block_and_dear_rows_only_the_likely_proposa
     assert "verify 2 of 7" in d.reason and "proposal 3" in d.reason
 
 
+def _plain_streak(pol, decision, target_sure: float) -> int:
+    """Plain steps as the engine takes them: keep_plain is asked before each launch, with the
+    step before still in flight (not yet observed)."""
+    n = 0
+    while True:
+        more = pol.keep_plain()
+        n += 1
+        pol.observe(_plain(decision, target_sure), 0.1)
+        if not more:
+            return n
+
+
 def test_plain_steps_when_drafting_does_not_pay_and_probes_at_doubling_intervals():
     pol = _policy([0.1] * 8, draft_s=0.1)  # a drafted cycle costs two plain steps
-    assert pol.before_draft() == (None, 0)  # the first cycle drafts: nothing is known yet
+    assert pol.before_draft() is None  # the first cycle drafts: nothing is known yet
     waits = []
     for _ in range(5):
         d = pol.after_draft([0.5] * 7)
         pol.observe(_cycle([0.5] * 7, d.verified, 0), 0.2)  # one token for two steps' time
-        plain, n = pol.before_draft()
+        plain = pol.before_draft()
         assert plain.plain_step and plain.verified == 0 and "plain step" in plain.reason
-        waits.append(n)
-        for _ in range(n):
-            pol.observe(_plain(plain), 0.1)
-        assert pol.before_draft() == (None, 0)  # the probe
+        waits.append(_plain_streak(pol, plain, target_sure=0.3))  # hard text: the target unsure
+        assert pol.before_draft() is None  # the probe
         assert "probe after" in pol.after_draft([0.5] * 7).reason
     assert waits == [1, 2, 4, 8, 16]
     d = pol.after_draft([0.99] * 7)  # the text turned predictable: the probe is accepted whole
     pol.observe(_cycle([0.99] * 7, d.verified, d.verified), 0.2)
-    assert pol.before_draft() == (None, 0)  # and the policy drafts again
+    assert pol.before_draft() is None  # and the policy drafts again
 
 
-def _plain(decision) -> CycleEvent:
+def test_a_sure_target_calls_the_probe_early():
+    pol = _policy([0.1] * 8, draft_s=0.1)
+    for _ in range(6):  # drafting has not paid: the next probe is due after 32 plain steps
+        pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
+    pol.probe_wait = 32
+    plain = pol.before_draft()
+    # the target is sure of its tokens (0.95 each: a cycle of 7 would commit 5.3 for 2 steps'
+    # cost): once TARGET_WINDOW of them are seen, the streak ends, the last step in flight
+    assert _plain_streak(pol, plain, target_sure=0.95) == TARGET_WINDOW + 1
+    assert pol.before_draft() is None
+
+
+def _plain(decision, target_sure: float = 0.3) -> CycleEvent:
     ev = _cycle([], 0, 0)
-    ev.decision = decision
+    ev.decision, ev.confidence = decision, [target_sure]
     return ev
 
 
@@ -130,7 +153,7 @@ def test_the_fixed_policy_never_steps_plainly_and_keeps_its_threshold():
     assert pol.reads_confidence  # its threshold needs them, on any device
     for _ in range(5):
         pol.observe(_cycle([0.5] * 7, 7, 0), 10.0)
-    assert pol.before_draft() == (None, 0)
+    assert pol.before_draft() is None
     assert pol.after_draft([0.9, 0.6, 0.3, 0.9, 0.9, 0.9, 0.9]).verified == 2
     assert pol.name == "fixed"
 
@@ -158,8 +181,12 @@ class ScriptedPolicy(Policy):
         self.sizes = itertools.cycle(range(self.B))
 
     def before_draft(self):
-        n = next(self.streaks)
-        return (Decision(0, True, 1.0, 1.0, 1.0, "scripted plain step"), n) if n else (None, 0)
+        self.streak = next(self.streaks)
+        return Decision(0, True, 1.0, 1.0, 1.0, "scripted plain step") if self.streak else None
+
+    def keep_plain(self):
+        self.streak -= 1
+        return self.streak > 0
 
     def after_draft(self, confidence):
         return Decision(next(self.sizes), False, 1.0, 1.0, 1.0, "scripted")
