@@ -9,8 +9,9 @@ The adaptive policy maximises expected committed tokens per expected second. It 
   draft ships and calibrated on the run's own cycles.
 Before a cycle it decides between drafting and a plain target step (v = 0: no draft forward is
 paid); after drafting, how many proposals v to verify. A run in plain steps drafts again now and
-then (a probe, at doubling intervals), so text that turns predictable is noticed. The fixed policy
-verifies the draft's confident prefix of a whole block (`--min-confidence`) and never steps plainly.
+then (a probe, at doubling intervals, or sooner where the target's own probability of its recent
+tokens says the text has turned predictable). The fixed policy verifies the draft's confident
+prefix of a whole block (`--min-confidence`) and never steps plainly.
 """
 
 import math
@@ -279,10 +280,12 @@ class Policy:
         p = self.acceptance.p(confidence)
         probe = self.adaptive and bool(self.drafted) and self._drafting_rate() < 1 / plain_s
         if self.adaptive:
-            # The draft is paid for; each further row must earn more than the best rate on hand
-            # (Dinkelbach's criterion for a rate: maximise tokens - rate * seconds).
-            rate = max(1 / plain_s, self._drafting_rate() if self.drafted else 0.0)
-            # At least one row: the draft is paid, and a cycle that verifies nothing tells nothing.
+            # The draft is paid for; each further row must earn more tokens than plain decoding
+            # would in its time (Dinkelbach's criterion for a rate, maximise tokens - rate *
+            # seconds, at the plain rate: a lower bound of the best rate, which keeps rows that
+            # the predictor undervalues where accepted runs are long). At least one row: a cycle
+            # that verifies nothing tells nothing.
+            rate = 1 / plain_s
             v = max(range(1, self.B), key=lambda n: expected_tokens(p, n) - rate * self.costs.cycle_s(n))
         elif self.min_confidence > 0:
             v = confident_prefix(confidence, self.min_confidence)
