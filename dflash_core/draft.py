@@ -256,9 +256,11 @@ def quantize_draft(draft: DraftModel, bits: int) -> list:
 
 
 def _window_mask(layer: DraftLayer, offset: int, block_len: int, ctx_k) -> mx.array | None:
-    """Full-attention layers need no mask (bidirectional over context and block)."""
+    """Full-attention layers need no mask (bidirectional over context and block), nor a sliding
+    window that holds the whole context and block (the reference masks as soon as they exceed it:
+    the block's last query may then not see the oldest context)."""
     window = layer.self_attn.sliding_window
-    if window is None or ctx_k is None or offset < window:
+    if window is None or ctx_k is None or offset + block_len <= window:
         return None
     q_pos = offset + mx.arange(block_len)[:, None]
     k_pos = mx.concatenate([mx.arange(ctx_k.shape[2]), offset + mx.arange(block_len)])[None]
