@@ -53,6 +53,7 @@ def dflash_generate(
     acceptance_prior: dict | None = None,
     sampling: Sampling | None = None,
     draft_vocab: tuple | None = None,
+    plain_threads: int | None = None,
 ) -> Iterator:
     """Yields one CycleEvent per cycle, then a RunSummary. `policy` "adaptive" lets the cost
     model decide each cycle between a plain target step and drafting, and how many proposals to
@@ -63,7 +64,9 @@ def dflash_generate(
     replaces the draft model's proposals (the oracle mode of the benchmark and the tests). With
     `sampling` the draft samples its proposals and acceptance is speculative sampling
     (sampling.speculative_accept); without, everything is greedy. With `draft_vocab` the draft
-    proposes only those tokens (its DraftConfig.draft_vocab; see Target.draft_head)."""
+    proposes only those tokens (its DraftConfig.draft_vocab; see Target.draft_head).
+    `plain_threads`: the BLAS threads plain steps run on (plain decoding's fastest, where measured:
+    a plain step is plain decoding's step, which may prefer other threads than a drafted cycle)."""
     B, mask_id = block_size, draft.config.mask_token_id
     head = target.draft_head(draft_vocab)
     profiles = {} if cost_profiles is None else cost_profiles
@@ -106,7 +109,9 @@ def dflash_generate(
         if decision is not None:
             # plain steps, until the policy drafts again: no draft forward; the target checks the
             # staged token alone
-            t_step, pending = t, []
+            t_step, pending, threads = t, [], backend.blas_threads()
+            if plain_threads and threads:
+                backend.set_blas_threads(plain_threads)
             for token, sure, taps in _plain_steps(target, staged, rule.keep_plain, sampling):
                 pending.append(taps)
                 now = time.perf_counter()
@@ -116,6 +121,8 @@ def dflash_generate(
                 t_step = time.perf_counter()  # the consumer's time is not the step's
                 if stop is not None:
                     break
+            if plain_threads and threads:
+                backend.set_blas_threads(threads)
             ctx.extend([mx.concatenate(hs, axis=1) for hs in zip(*pending)])
             continue
 

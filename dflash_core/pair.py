@@ -141,6 +141,7 @@ class Pair:
                 acceptance_prior=self.acceptance_prior,
                 sampling=sampling,
                 draft_vocab=self.draft_vocab,
+                plain_threads=self.blas_threads.get("baseline"),
             ),
         )
 
