@@ -125,7 +125,8 @@ def test_a_run_that_differs_from_greedy_is_flagged_and_placed(random_pairs):
     s = res["summary"]
     assert s["identical"] is False
     assert s["divergences"] == [
-        {"repeat": 0, "prompt": 0, "engine": "dflash", "block_size": 16, "min_confidence": 0.0} | dflash["divergence"]
+        {"repeat": 0, "prompt": 0, "engine": "dflash", "block_size": 16, "policy": "fixed", "min_confidence": 0.0}
+        | dflash["divergence"]
     ]
     assert dflash["divergence"]["top2_margin"] >= 0
     line = divergence_line(s)

@@ -48,15 +48,17 @@ class ScriptedPair:
     def text(self, ids):
         return decode(ids)
 
-    def dflash(self, ids, max_tokens, should_stop=lambda: False, sampling=None):
+    def dflash(self, ids, max_tokens, should_stop=lambda: False, min_confidence=None, sampling=None, policy=None):
         tokens, stop = [], "max_tokens"
         for i, committed in enumerate(self.cycles):
             committed = committed[: max_tokens - len(tokens)]
             tokens += committed
             yield CycleEvent(
                 cycle=i,
+                block_size=BLOCK,
                 staged_token=committed[0],
                 drafted=[0] * (BLOCK - 1),
+                confidence=[1.0] * (BLOCK - 1),
                 verified=BLOCK - 1,
                 posterior=[0] * BLOCK,
                 accepted_len=len(committed) - 1,
