@@ -97,10 +97,6 @@ class CostProfile:
     draft_s: float
     verify_s: list
 
-    @property
-    def block_size(self) -> int:
-        return len(self.verify_s)
-
 
 def _interpolated(points: dict, n: int) -> list:
     rows = sorted(points)
