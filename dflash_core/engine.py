@@ -147,6 +147,8 @@ def dflash_generate(
             decision = rule.after_draft(sure.tolist())
         else:  # where rows are cheap (a GPU), decide without it: the cycle then syncs with the host once
             decision = rule.after_draft(None)
+            if target.eager_verify:
+                mx.async_eval(proposals, sure)  # the draft computes while the verify is built
         verified = decision.verified
         t_draft = time.perf_counter()
 

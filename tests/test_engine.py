@@ -426,6 +426,7 @@ def test_draft_vocabulary_proposes_only_its_tokens_and_stays_lossless(random_pai
     pair = random_pairs[family]
     vocab = tuple(range(0, pair.draft.config.vocab_size, 3))
     monkeypatch.setattr(pair.draft, "config", replace(pair.draft.config, draft_vocab=vocab))
+    monkeypatch.setattr(backend, "draft_vocab_pays", lambda: True)  # a CPU's choice, on any device
     assert pair.draft_vocab == vocab
     for prompt in PROMPTS[:2]:
         ids = pair.encode(prompt, chat_template=False)
@@ -437,3 +438,21 @@ def test_draft_vocabulary_proposes_only_its_tokens_and_stays_lossless(random_pai
     assert pair.draft_vocab is None
     cycles, _ = run(pair.dflash(ids, 40, 8, min_confidence=0.0))
     assert {t for ev in cycles for t in ev.drafted} - set(vocab)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_gpu_cycle_is_lossless_anywhere(random_pairs, family, monkeypatch):
+    """A GPU's cycle: the verify's size decided without reading the draft's confidences, the
+    draft launched before the verify is built, and the verify's tapped layers launched while the
+    rest of it is built (Target.verify's eager mode). Run here on whatever device there is."""
+    from dflash_core import backend
+
+    pair = random_pairs[family]
+    monkeypatch.setattr(backend, "on_cpu", lambda: False)
+    monkeypatch.setattr(pair.target, "eager_verify", True)
+    for prompt in PROMPTS[:2]:
+        ids = pair.encode(prompt, chat_template=False)
+        _, base = run(pair.baseline(ids, 40))
+        cycles, ours = run(pair.dflash(ids, 40, 6, min_confidence=0.0, policy="fixed"))
+        assert ours.tokens == base.tokens, prompt
+        assert all(ev.verified == 5 for ev in cycles)
