@@ -34,6 +34,7 @@ class DraftConfig:
     max_position_embeddings: int = 40960
     layer_types: list = field(default_factory=list)
     sliding_window: int | None = None
+    attention_bias: bool = False  # q/k/v/o projections with biases
     # the tokens the draft may propose (most frequent first), from draft_vocab.json beside
     # config.json; None: all of them (see Target.draft_head)
     draft_vocab: tuple | None = None
@@ -64,6 +65,7 @@ class DraftConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 40960),
             layer_types=list(cfg.get("layer_types") or []),
             sliding_window=cfg.get("sliding_window"),
+            attention_bias=bool(cfg.get("attention_bias", False)),
         )
 
     @classmethod
@@ -103,7 +105,9 @@ class DraftConfig:
         )
 
     def to_dict(self) -> dict:
-        """The public config.json layout, readable by other DFlash ports."""
+        """The public config.json layout, readable by other DFlash ports (the keys the public
+        drafts' configs carry: a draft has no embeddings of its own to tie, and says whether any
+        of its layers slides)."""
         d = {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
@@ -119,6 +123,9 @@ class DraftConfig:
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
             "max_position_embeddings": self.max_position_embeddings,
+            "attention_bias": self.attention_bias,
+            "tie_word_embeddings": False,
+            "use_sliding_window": "sliding_attention" in self.layer_types,
             "dflash_config": {
                 "target_layer_ids": self.target_layer_ids,
                 "mask_token_id": self.mask_token_id,
@@ -150,11 +157,11 @@ class Attention(nn.Module):
         )
         self.scale = cfg.head_dim**-0.5
         self.sliding_window = sliding_window
-        h = cfg.hidden_size
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        h, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=bias)
         self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.rope = initialize_rope(

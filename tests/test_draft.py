@@ -1,4 +1,5 @@
-"""The draft's forward: sliding-window layers mask exactly where the window is exceeded."""
+"""The draft's forward (sliding-window layers mask exactly where the window is exceeded) and its
+config.json in the public format."""
 
 import mlx.core as mx
 import pytest
@@ -8,6 +9,21 @@ from dflash_core import draft as draft_module
 from dflash_core.draft import DraftConfig, DraftContext, DraftModel
 
 WINDOW, BLOCK = 8, 4
+
+
+def _config(**kw) -> DraftConfig:
+    return DraftConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=50,
+        target_layer_ids=[0],
+        mask_token_id=1,
+        **kw,
+    )
 
 
 def _always_masked(layer, offset, block_len, ctx_k):
@@ -22,19 +38,7 @@ def _always_masked(layer, offset, block_len, ctx_k):
 
 @pytest.mark.parametrize("context", range(2, 13))
 def test_sliding_window_layers_mask_once_context_and_block_exceed_the_window(context, monkeypatch):
-    cfg = DraftConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        vocab_size=50,
-        target_layer_ids=[0],
-        mask_token_id=1,
-        layer_types=["sliding_attention", "full_attention"],
-        sliding_window=WINDOW,
-    )
+    cfg = _config(layer_types=["sliding_attention", "full_attention"], sliding_window=WINDOW)
     mx.random.seed(0)
     model = DraftModel(cfg)
     ctx = DraftContext(model)
@@ -47,3 +51,23 @@ def test_sliding_window_layers_mask_once_context_and_block_exceed_the_window(con
     if context + BLOCK > WINDOW:  # the window bites: the unmasked forward would differ
         monkeypatch.setattr(draft_module, "_window_mask", lambda *a: None)
         assert not mx.allclose(model(block, ctx.kv, ctx.length), reference, atol=1e-5).item()
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_the_exported_config_carries_the_public_keys_and_reads_back(sliding):
+    """What other runtimes read from a public draft's config.json: no tied embeddings (a draft has
+    none), whether any layer slides, whether the attention projections have biases."""
+    types = ["sliding_attention", "full_attention"] if sliding else []
+    cfg = _config(layer_types=types, sliding_window=WINDOW if sliding else None)
+    d = cfg.to_dict()
+    assert d["tie_word_embeddings"] is False and d["attention_bias"] is False
+    assert d["use_sliding_window"] is sliding
+    assert DraftConfig.from_dict(d) == cfg
+
+
+def test_attention_bias_is_read_from_the_config():
+    d = _config().to_dict()
+    biased = DraftModel(DraftConfig.from_dict({**d, "attention_bias": True}))
+    plain = DraftModel(DraftConfig.from_dict(d))
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert "bias" in biased.layers[0].self_attn[name] and "bias" not in plain.layers[0].self_attn[name]
