@@ -6,6 +6,7 @@ offline), and one error line for each way the hub can fail."""
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from .errors import DFlashError
 from .memory import gb
@@ -51,11 +52,25 @@ def config(repo: str, what: str, allow_download: bool = True) -> dict:
     """The repository's config.json alone (a few kB): from the cache, else from the hub."""
     from huggingface_hub import hf_hub_download
 
-    path = _call(lambda local: hf_hub_download(repo, "config.json", local_files_only=local), repo, what, allow_download)
+    def fetch(local: bool):
+        if not local and not isinstance(_cached_file(repo, "config.json"), str):
+            _look_up(repo, "config.json")
+        return hf_hub_download(repo, "config.json", local_files_only=local)
+
+    path = _call(fetch, repo, what, allow_download)
     try:
         return json.loads(Path(path).read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise DFlashError(f"{what} '{repo}' has a config.json that is not valid JSON ({e})") from None
+
+
+def _look_up(repo: str, filename: str):
+    """One HEAD request for a file that is not in the cache, without retries: hf_hub_download
+    retries a file it cannot find in the cache five times with backoff (about 25 s of waiting and a
+    warning a try) when the hub does not answer or answers 5xx; this fails at once instead."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+
+    get_hf_file_metadata(hf_hub_url(repo, filename), timeout=constants.HF_HUB_ETAG_TIMEOUT)
 
 
 def snapshot(repo: str, what: str, allow_download: bool = True) -> Path:
@@ -108,7 +123,7 @@ def _call(fetch, repo: str, what: str, allow_download: bool):
 
     try:
         return fetch(offline() or not allow_download)
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError as e:
         if offline():
             raise DFlashError(
                 f"{what} '{repo}' is not in the Hugging Face cache and HF_HUB_OFFLINE=1 is set; "
@@ -119,7 +134,8 @@ def _call(fetch, repo: str, what: str, allow_download: bool):
                 f"{what} '{repo}' is not downloaded and downloads are off on this host; "
                 "start the app with --allow-downloads or pick a local pair"
             ) from None
-        raise DFlashError(f"could not download {what} '{repo}': no connection to the hub") from None
+        # online: huggingface-hub says "not in the cache" for why the hub failed, its cause
+        raise DFlashError(_unreachable(e.__cause__, repo, what)) from None
     except HFValidationError:
         raise DFlashError(f"{what} '{repo}' is neither a local directory nor a hub id") from None
     except GatedRepoError:
@@ -129,12 +145,36 @@ def _call(fetch, repo: str, what: str, allow_download: bool):
         ) from None
     except RepositoryNotFoundError:
         raise DFlashError(f"{what} '{repo}' is not on the Hugging Face hub (or is private); check the name") from None
-    except EntryNotFoundError:
-        raise DFlashError(f"{what} '{repo}' has no config.json; is it a model repository?") from None
-    except Exception as e:  # HTTP errors, the hub down
-        raise DFlashError(
-            f"could not fetch {what} '{repo}' from the hub: {type(e).__name__}: {e}".splitlines()[0]
-        ) from None
+    except EntryNotFoundError as e:
+        name = _requested_file(e) or "config.json"
+        raise DFlashError(f"{what} '{repo}' has no {name} on the hub; is it a model repository?") from None
+    except Exception as e:  # no connection, no answer, HTTP errors, the hub down
+        raise DFlashError(_unreachable(e, repo, what)) from None
+
+
+def _requested_file(error) -> str | None:
+    """The file a hub request that failed asked for (its /resolve/REVISION/FILE url), if any."""
+    response = getattr(error, "response", None)
+    url = str(response.url) if response is not None else ""
+    return unquote(url.split("/resolve/", 1)[1].split("/", 1)[1]) if "/resolve/" in url else None
+
+
+def _unreachable(error, repo: str, what: str) -> str:
+    """One line for a hub that could not be reached, did not answer, or failed (5xx)."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError
+
+    where = f"the hub ({constants.ENDPOINT})"
+    if isinstance(error, httpx2.TimeoutException):
+        return f"could not download {what} '{repo}': {where} did not answer in time; try again later"
+    if isinstance(error, httpx2.TransportError):
+        return f"could not download {what} '{repo}': no connection to {where}; check the network (and HF_ENDPOINT)"
+    if isinstance(error, HfHubHTTPError) and error.response is not None:
+        return (
+            f"could not download {what} '{repo}': {where} answered HTTP {error.response.status_code}; try again later"
+        )
+    return f"could not fetch {what} '{repo}' from the hub: {type(error).__name__}: {error}".splitlines()[0]
 
 
 @dataclass
@@ -164,11 +204,11 @@ def size(repo: str) -> RepoSize:
         return RepoSize(repo, local_size(path), 0, "cache")
     if offline():
         return RepoSize(repo, None, None, "unknown")
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
     from huggingface_hub.utils import filter_repo_objects
 
     try:
-        info = HfApi().model_info(repo, files_metadata=True)
+        info = HfApi().model_info(repo, files_metadata=True, timeout=constants.HF_HUB_ETAG_TIMEOUT)
     except Exception:  # no connection, gated, gone: the size is only information
         return RepoSize(repo, None, None, "unknown")
     files = list(filter_repo_objects(info.siblings or [], allow_patterns=HUB_FILES, key=lambda f: f.rfilename))
