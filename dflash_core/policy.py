@@ -31,7 +31,12 @@ PRIOR_CYCLES = 2  # a v not verified lately is estimated as if seen this often a
 # cycle to cycle (a rejection at the first proposal is common even where drafting pays), so one
 # cycle, or a fast average, would turn a run to plain steps on bad luck and keep it there.
 DRAFTED_WINDOW = 8
-MAX_PROBE_WAIT = 32  # most plain steps between two probes
+# Most plain steps between two probes. A failing probe costs a drafted cycle less the one token
+# it commits, (cycle steps - 1) plain steps: with a random Qwen3-4B-shaped pair on the H200 (a
+# 3.4-step cycle at a block of 16, nothing ever accepted) a cap of 32 cost 0.84x of plain
+# decoding in probes; at 128 the same draft costs about 2%. A run whose text turns predictable is
+# noticed sooner by the target's own confidence (keep_plain).
+MAX_PROBE_WAIT = 128
 TARGET_WINDOW = 4  # plain tokens whose target probability can call a probe early
 
 
