@@ -5,8 +5,14 @@
 #                                          rows (MLX's attention against the fused one), lossless on
 #                                          every family with the policy interleaving plain steps, and
 #                                          the random Qwen3-4B-shaped target (bfloat16, float32)
+#   bash scripts/gpu_figures.sh cycle     where a cycle's time goes: the default pair's verify by rows
+#                                          and its cycle in one-token steps, the verify built then
+#                                          computed against launched while built (forward_rows.py),
+#                                          and the random Qwen3-4B-shaped target's oracle at a block
+#                                          of 16, float32
 #   bash scripts/gpu_figures.sh heldout   the default pair on all 40 held-out chat requests, float32:
 #                                          the adaptive policy side by side with the fixed one
+#                                          (REPEAT=N repeats, default 3)
 # Writes to ${OUT:-gpu-results}/. Every piece is timed and bounded, so a piece that hangs costs its
 # own limit, not the rest. The default pair's target is the GGUF that scripts/install.sh fetches;
 # it must be in place.
@@ -41,12 +47,18 @@ checks)
   piece h200-qwen3-4b-shape-bf16 100 "${Q4B[@]}"
   DFLASH_DTYPE=float32 piece h200-qwen3-4b-shape-f32 100 "${Q4B[@]}"
   ;;
+cycle)
+  DFLASH_DTYPE=float32 run forward-rows 150 $py scripts/forward_rows.py --save "$out/h200-forward-rows.json"
+  $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
+  DFLASH_DTYPE=float32 piece h200-qwen3-4b-shape-f32 120 --model /tmp/q4b/qwen3-target \
+    --draft /tmp/q4b/qwen3-draft --block-size 16 --oracle --prompt "def parse(line):" --repeat 3
+  ;;
 heldout)
   DFLASH_DTYPE=float32 piece h200-smollm2-135m-policy 560 --prompts assets/prompts/chat_heldout.json \
-    --policy adaptive --policy-sweep fixed --repeat 3
+    --policy adaptive --policy-sweep fixed --repeat "${REPEAT:-3}"
   ;;
 *)
-  echo "usage: bash scripts/gpu_figures.sh checks|heldout" >&2
+  echo "usage: bash scripts/gpu_figures.sh checks|cycle|heldout" >&2
   exit 2
   ;;
 esac
