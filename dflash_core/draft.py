@@ -290,3 +290,11 @@ class DraftContext:
             for layer, cache in zip(self.draft.layers, self.caches)
         ]
         self.length += feats.shape[1]
+
+    def restore(self, kv: list, length: int):
+        """Start from a prefix's context instead: each layer's (keys, values) of `length`
+        positions (a prefix snapshot's; dflash_core.prefix_cache)."""
+        for cache, (k, v) in zip(self.caches, kv):
+            cache.state = (k, v, length)
+        self.kv = list(kv)
+        self.length = length

@@ -10,6 +10,7 @@ from . import backend
 from .draft import DraftContext, DraftModel
 from .events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent
 from .policy import AcceptancePredictor, CostModel, Policy, probe_costs
+from .prefix_cache import PrefixCache, prefill
 from .sampling import Sampling, point_mass, sample, speculative_accept
 from .target import Target
 
@@ -54,6 +55,7 @@ def dflash_generate(
     sampling: Sampling | None = None,
     draft_vocab: tuple | None = None,
     plain_threads: int | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> Iterator:
     """Yields one CycleEvent per cycle, then a RunSummary. `policy` "adaptive" lets the cost
     model decide each cycle between a plain target step and drafting, and how many proposals to
@@ -66,7 +68,9 @@ def dflash_generate(
     (sampling.speculative_accept); without, everything is greedy. With `draft_vocab` the draft
     proposes only those tokens (its DraftConfig.draft_vocab; see Target.draft_head).
     `plain_threads`: the BLAS threads plain steps run on (plain decoding's fastest, where measured:
-    a plain step is plain decoding's step, which may prefer other threads than a drafted cycle)."""
+    a plain step is plain decoding's step, which may prefer other threads than a drafted cycle).
+    `prefix_cache`: prefill starts from the longest cached prefix of the prompt, and the run's
+    prompt and its end are snapshot there (dflash_core.prefix_cache)."""
     B, mask_id = block_size, draft.config.mask_token_id
     head = target.draft_head(draft_vocab)
     profiles = {} if cost_profiles is None else cost_profiles
@@ -85,7 +89,7 @@ def dflash_generate(
         sampling.seed_draws()
     ctx = DraftContext(draft)
     t_start = time.perf_counter()
-    first = target.prefill(prompt_ids, on_taps=ctx.extend)
+    first, reused = prefill(target, ctx, prompt_ids, prefix_cache)
     staged = sample(sampling.probabilities(first)) if sampling else mx.argmax(first).item()
     t0 = time.perf_counter()
     tokens, tally = [], CycleTally(B)
@@ -193,9 +197,12 @@ def dflash_generate(
             decision=decision,
             draws=draws,
         )
+    if prefix_cache is not None:
+        prefix_cache.store(target, ctx, prompt_ids + tokens)
     yield RunSummary(
         engine="dflash",
         prompt_tokens=len(prompt_ids),
+        cached_prompt_tokens=reused,
         tokens=tokens,
         prefill_s=t0 - t_start,
         decode_s=time.perf_counter() - t0,

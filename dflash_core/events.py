@@ -178,6 +178,7 @@ class RunSummary:
     verified_rows: list = field(default_factory=list)  # v = 0..B-1: cycles that verified v proposals
     cycle_s: float = 0.0  # measured draft + verify + rollback time, summed over cycles
     acceptance_by_confidence: list = field(default_factory=list)  # per confidence bin: [accepted, verified]
+    cached_prompt_tokens: int = 0  # prompt tokens restored from a prefix snapshot, not prefilled
 
     @property
     def generated(self) -> int:
@@ -218,6 +219,7 @@ class RunSummary:
     def stats(self) -> dict:
         out = {
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "generated_tokens": self.generated,
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),

@@ -346,9 +346,12 @@ def load_planned(plan: PairPlan, draft_quant: int = None) -> Pair:
 
 
 def with_draft_quant(pair: Pair, draft_quant: int = None) -> Pair:
-    """The same pair with its draft reloaded at another precision (the target is shared)."""
+    """The same pair with its draft reloaded at another precision (the target is shared; the
+    prefix cache is not: its snapshots hold the other draft's context)."""
     draft_model, kept = _draft_at(pair.draft_dir, draft_quant, pair.compute_dtype)
-    return replace(pair, draft=draft_model, draft_quant=draft_quant, draft_full_precision=kept, blas_threads={})
+    return replace(
+        pair, draft=draft_model, draft_quant=draft_quant, draft_full_precision=kept, blas_threads={}, prefix_cache=None
+    )
 
 
 def _has_thinking_switch(tokenizer) -> bool:

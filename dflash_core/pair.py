@@ -14,6 +14,7 @@ from .engine import baseline_generate, dflash_generate, first_divergence
 from .errors import DFlashError
 from .events import CONFIDENCE_EDGES
 from .policy import POLICIES, default_policy
+from .prefix_cache import PrefixCache
 from .target import Target
 from .tokenizer import encode_prompt
 
@@ -36,6 +37,7 @@ class Pair:
     draft_full_precision: list = field(default_factory=list)  # layers MLX could not quantize
     compute_dtype: object = None  # the dtype both models compute in (None: each its weights' own)
     cost_profiles: dict = field(default_factory=dict)  # the policy's probed costs (engine.dflash_generate)
+    prefix_cache: PrefixCache = None  # DFlash runs resume from its snapshots (the server's, the playground's)
 
     @property
     def block_size(self) -> int:
@@ -142,6 +144,7 @@ class Pair:
                 sampling=sampling,
                 draft_vocab=self.draft_vocab,
                 plain_threads=self.blas_threads.get("baseline"),
+                prefix_cache=self.prefix_cache,
             ),
         )
 

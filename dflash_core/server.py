@@ -17,7 +17,12 @@ behind the one generating, more are answered 429 with a Retry-After header. A ru
 for its client: it goes on at the worker's pace and queues its text for the client; a client that
 hangs up (streamed or not) has its run cancelled at the next cycle, and a streaming client that
 leaves more than `stream_buffer` pieces of text unread is cut off. Metrics are fed only from the
-engine's own events: CycleEvents while a request runs, its RunSummary at the end.
+engine's own events: CycleEvents while a request runs, its RunSummary at the end; the prefix
+cache's counts are its own, read when /metrics is scraped.
+
+A prefix cache (`prefix_cache_mb`, `serve --prefix-cache-mb`) keeps snapshots of what earlier runs
+fed the target: a conversation's next turn restores its longest cached prefix and prefills only
+the new tokens (dflash_core.prefix_cache); `usage.prompt_tokens_details.cached_tokens` says how many.
 
 With an API key the /v1 routes want it as a Bearer token; /health, /metrics and /metrics.json stay
 open for monitors.
@@ -39,12 +44,14 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from mlx_lm.generate import wired_limit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from .errors import DFlashError
 from .events import CycleEvent, RunSummary
 from .policy import POLICIES
+from .prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from .sampling import Sampling
 from .tokenizer import TextStream, chat_ids
 from .worker import default_worker
@@ -139,8 +146,10 @@ CUT_OFF = APIError(
 class Metrics:
     """Prometheus counters in a registry of their own, plus the last requests' summaries."""
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, prefix_cache: PrefixCache = None):
         self.registry = r = CollectorRegistry()
+        if prefix_cache is not None:
+            r.register(_PrefixCacheCollector(prefix_cache))
         self.drafts = Counter(
             "dflash_spec_decode_num_drafts", "DFlash cycles that drafted a block (plain steps draft none)", registry=r
         )
@@ -247,6 +256,27 @@ class Metrics:
         with self._lock:
             recent = list(self.recent)
         return {"totals": self.totals(), "requests": recent}
+
+
+class _PrefixCacheCollector:
+    """The prefix cache's own counts, read when /metrics is scraped (the worker thread keeps
+    them; the playground's runs on the same pair count too)."""
+
+    def __init__(self, cache: PrefixCache):
+        self.cache = cache
+
+    def collect(self):
+        c = self.cache
+        for name, doc, value in (
+            ("hits", "DFlash runs whose prompt began with a cached prefix", c.hits),
+            ("misses", "DFlash runs whose prompt began with no cached prefix", c.misses),
+            ("reused_tokens", "Prompt tokens restored from prefix snapshots instead of prefilled", c.reused_tokens),
+            ("evictions", "Prefix snapshots dropped to stay within the cache's bytes", c.evictions),
+        ):
+            yield CounterMetricFamily(f"dflash_prefix_cache_{name}", doc, value=value)
+        yield GaugeMetricFamily("dflash_prefix_cache_bytes", "Bytes the prefix snapshots hold", value=c.nbytes)
+        yield GaugeMetricFamily("dflash_prefix_cache_limit_bytes", "The prefix cache's limit", value=c.max_bytes)
+        yield GaugeMetricFamily("dflash_prefix_cache_snapshots", "Prefix snapshots held", value=len(c))
 
 
 # --- generation ------------------------------------------------------------------------------
@@ -364,6 +394,7 @@ class Job:
                     "prompt_tokens": len(self.ids),
                     "completion_tokens": generated,
                     "total_tokens": len(self.ids) + generated,
+                    "prompt_tokens_details": {"cached_tokens": self.summary.cached_prompt_tokens},
                 }
         except Exception as e:  # the engine failed: the client is told (a 500, or an error event)
             self.error = e
@@ -468,13 +499,16 @@ class Server:
         stream_buffer: int = STREAM_BUFFER,
         policy: str = None,
         min_confidence: float = None,
+        prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
     ):
         self.pair, self.model_id = pair, model_id
+        # the pair's DFlash runs (the playground's on it too) resume from this cache's snapshots
+        pair.prefix_cache = PrefixCache(prefix_cache_mb * 2**20) if prefix_cache_mb else None
         self.policy, self.min_confidence = server_policy(pair, policy, min_confidence)
         self.worker = worker or default_worker()
         self.api_key, self.max_queue = api_key, max_queue
         self.default_max_tokens, self.stream_buffer = max_tokens, stream_buffer
-        self.metrics = Metrics(pair.block_size)
+        self.metrics = Metrics(pair.block_size, pair.prefix_cache)
         self.started = int(time.time())
         self.admitted = 0  # requests generating or waiting for the worker
         self._runs = set()  # streamed runs' tasks (the event loop keeps only weak references)
@@ -659,6 +693,7 @@ def create_app(
     stream_buffer: int = STREAM_BUFFER,
     policy: str = None,
     min_confidence: float = None,
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
 ) -> FastAPI:
     """The API, its health check and metrics; app.state.server is the Server behind them, for
     whatever a caller mounts beside them. api_key: wanted as a Bearer token on /v1. allowed_origins:
@@ -667,9 +702,20 @@ def create_app(
     pieces of text a streaming client may leave unread before it is cut off. policy: DFlash's
     verification policy ("adaptive" | "fixed"; None: fixed when min_confidence is given, else the
     engine's default for each request, see server_policy), which a request's "dflash_policy"
-    overrides; min_confidence: the fixed policy's threshold (None: the backend's default)."""
+    overrides; min_confidence: the fixed policy's threshold (None: the backend's default).
+    prefix_cache_mb: the bytes (MiB) of prefix snapshots the pair's DFlash runs resume from
+    (dflash_core.prefix_cache; 0: none)."""
     server = Server(
-        pair, model_id or pair.name, worker, api_key, max_queue, max_tokens, stream_buffer, policy, min_confidence
+        pair,
+        model_id or pair.name,
+        worker,
+        api_key,
+        max_queue,
+        max_tokens,
+        stream_buffer,
+        policy,
+        min_confidence,
+        prefix_cache_mb,
     )
     app = FastAPI(title="DFlash server", docs_url="/docs", redoc_url=None)
     app.state.server = server

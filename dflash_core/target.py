@@ -231,13 +231,20 @@ class Target:
         _, rec = self._recorded(ids, None, False)
         return [rec.hidden[i] for i in self.tap_ids]
 
-    def prefill(self, ids: list, on_taps=None):
+    def resume(self, cache: list):
+        """Take caches that already hold a prefix (restored from a prefix snapshot) instead of
+        fresh ones; prefill(start=...) then feeds the rest."""
+        self.cache, self._tapes = cache, None
+
+    def prefill(self, ids: list, on_taps=None, start: int = 0):
         """Feed the prompt, chunked; the last token alone (as mlx-lm does), so its logits match
         plain greedy decoding's. on_taps(taps) receives each chunk's tapped hidden states.
+        With start > 0 the cache already holds ids[:start] (see resume) and only the rest is fed.
         Returns the last position's logits."""
-        self.reset()
-        for start in range(0, len(ids) - 1, PREFILL_CHUNK):
-            _, taps = self._forward(ids[start : min(start + PREFILL_CHUNK, len(ids) - 1)], False)
+        if start == 0:
+            self.reset()
+        for chunk in range(start, len(ids) - 1, PREFILL_CHUNK):
+            _, taps = self._forward(ids[chunk : min(chunk + PREFILL_CHUNK, len(ids) - 1)], False)
             if on_taps:
                 on_taps(taps)
             mx.eval([c.state for c in self.cache], *taps)

@@ -159,6 +159,8 @@ def test_serve_flags_reach_the_server(pinned, monkeypatch, capsys):
                 "9",
                 "--max-queue",
                 "0",
+                "--prefix-cache-mb",
+                "0",
             ]
         )
         == 0
@@ -168,13 +170,16 @@ def test_serve_flags_reach_the_server(pinned, monkeypatch, capsys):
         "allowed_origins": ["https://a.example", "*"],
         "max_tokens": 9,
         "max_queue": 0,
+        "prefix_cache_mb": 0,
     }
     assert served[-1].state.playground is False
+    assert served[-1].state.server.pair.prefix_cache is None
     given.clear()
     assert main(["serve", *pair_args, "--no-playground"]) == 0
     assert given == {"api_key": None, "allowed_origins": None}  # the server's defaults apply
     assert served[-1].state.playground is False
-    for bad in (["--max-queue", "-1"], ["--max-tokens", "0"], ["--max-tokens", "many"]):
+    assert served[-1].state.server.pair.prefix_cache.max_bytes == server_module.DEFAULT_PREFIX_CACHE_MB * 2**20
+    for bad in (["--max-queue", "-1"], ["--max-tokens", "0"], ["--max-tokens", "many"], ["--prefix-cache-mb", "-1"]):
         capsys.readouterr()
         assert main(["serve", *pair_args, *bad]) == 2
         err = capsys.readouterr().err
@@ -185,6 +190,7 @@ def test_serve_flags_reach_the_server(pinned, monkeypatch, capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"default {server_module.DEFAULT_MAX_TOKENS};" in help_text
     assert f"(default {server_module.MAX_QUEUE})" in help_text
+    assert f"(default {server_module.DEFAULT_PREFIX_CACHE_MB}; 0: off;" in help_text
 
 
 def test_serve_policy_flags(pinned, monkeypatch, capsys):

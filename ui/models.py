@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from dflash_core.errors import DFlashError
 from dflash_core.loading import load_planned, plan_pair, with_draft_quant
+from dflash_core.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from dflash_core.registry import CHAT_PAIRS, SHIPPED, known_pairs
 
 HUB_KINDS = {"mlx-4bit": "4-bit MLX", "original": "original weights"}
@@ -134,6 +135,8 @@ class Catalogue:
                     self.download(key, log=lambda m: print(m, file=sys.stderr, flush=True))
                     plan = self._plans[key]
                 pair = self.worker.call(load_planned, plan, draft_quant)
+            if pair.prefix_cache is None:  # a prompt run again resumes from its snapshot
+                pair.prefix_cache = PrefixCache(DEFAULT_PREFIX_CACHE_MB * 2**20)
             self._loaded[(key, draft_quant)] = pair
             while len(self._loaded) > self.keep:
                 self._loaded.popitem(last=False)

@@ -4,6 +4,7 @@ process group under mlx.launch."""
 import json
 
 from .. import backend, distributed, memory
+from ..prefix_cache import DEFAULT_PREFIX_CACHE_MB
 
 
 def add_parser(sub):
@@ -23,13 +24,23 @@ def run(args) -> int:
                     "memory_bytes": m["memory"],
                     "working_set_bytes": m["working_set"],
                     "working_set_source": m["source"],
+                    "prefix_cache_mb": DEFAULT_PREFIX_CACHE_MB,
                 }
             )
         )
     else:
-        for k, v in {**info, "group": _group_text(info["group"]), **memory.describe()}.items():
+        rows = {**info, "group": _group_text(info["group"]), **memory.describe(), "prefix_cache": _prefix_cache_text()}
+        for k, v in rows.items():
             print(f"{k:>12}: {v}")
     return 0
+
+
+def _prefix_cache_text() -> str:
+    share = DEFAULT_PREFIX_CACHE_MB * 2**20 / memory.device_memory()["working_set"]
+    return (
+        f"serve keeps up to {DEFAULT_PREFIX_CACHE_MB} MB of prompt snapshots ({share:.1%} of the working set); "
+        "serve --prefix-cache-mb sets it, 0 turns it off"
+    )
 
 
 def _group_text(group: dict) -> str:

@@ -52,6 +52,14 @@ def add_parser(sub):
         metavar="N",
         help="requests that may wait behind the one generating; more are answered 429 with Retry-After (default 64)",
     )
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=count,
+        metavar="MB",
+        help="memory for snapshots of earlier prompts and replies, so that a conversation's next turn "
+        "prefills only its new tokens (default 1024; 0: off; off when the target is "
+        "split across processes)",
+    )
     add_policy_args(p)  # the server's; a request's "dflash_policy" overrides it
     p.set_defaults(func=run)
 
@@ -145,7 +153,9 @@ def run(args) -> int:
         + f"; {policy.get('policy') or ('fixed' if policy or grouped else 'the default')} policy"
         + (f"; the target is split across {distributed.size()} processes (no playground)" if grouped else "")
     )
-    given = {"max_queue": args.max_queue, "max_tokens": args.max_tokens, **policy}
+    # every process of a group would have to restore the same prefixes: no prefix cache there
+    prefix_cache_mb = 0 if grouped else args.prefix_cache_mb
+    given = {"max_queue": args.max_queue, "max_tokens": args.max_tokens, "prefix_cache_mb": prefix_cache_mb, **policy}
     try:
         app = serving_app(
             pair,
