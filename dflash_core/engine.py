@@ -98,8 +98,12 @@ def dflash_generate(
     def record(**cycle) -> CycleEvent:
         """The cycle's event, after committing its tokens (cut at EOS / max tokens)."""
         nonlocal stop
-        n_before = len(tokens)
-        stop = _finish(tokens, cycle["committed"], max_tokens, eos_ids)
+        n_before, committed = len(tokens), cycle["committed"]
+        if n_before + len(committed) + 1 >= max_tokens or cycle["next_staged"] in eos_ids:
+            # the run ends on the next staged token (the budget's last, or an EOS): emit it with
+            # this cycle instead of after one more draft + verify
+            committed = committed + [cycle["next_staged"]]
+        stop = _finish(tokens, committed, max_tokens, eos_ids)
         if stop is None and should_stop():
             stop = "cancelled"
         event = CycleEvent(cycle=tally.cycles, block_size=B, **cycle | {"committed": tokens[n_before:]})
@@ -153,7 +157,8 @@ def dflash_generate(
             decision = rule.after_draft(None)
             if target.eager_verify:
                 mx.async_eval(proposals, sure)  # the draft computes while the verify is built
-        verified = decision.verified
+        # the last cycle verifies no more proposals than the budget has room for after the staged token
+        verified = min(decision.verified, max_tokens - len(tokens) - 1)
         t_draft = time.perf_counter()
 
         # verify: one target forward over [staged, d0 .. d(verified-1)]

@@ -1,5 +1,6 @@
-"""Random targets (qwen3, qwen3_5 hybrid, llama) and random drafts in the public format, written
-as model directories: for the tests and for trying the engine on unseen models."""
+"""Random targets of every family DFlash serves and random drafts in the public format, written as
+model directories: for the tests and for trying the engine on unseen models. Each family keeps
+its real models' structure (layer pattern, experts, sinks, sliding windows) at tiny sizes."""
 
 import inspect
 import json
@@ -13,7 +14,62 @@ from .draft import DraftConfig, DraftModel
 from .tokenizer import EOS, IM_END, MASK, save_tokenizer, train_bpe
 from .train_target import build_model, model_config
 
-FAMILIES = ("qwen3", "qwen3_5", "llama")
+WINDOW = 8  # the sliding-window families' window: shorter than a test prompt, so their caches wrap
+# family -> what its config adds to model_config's (sizes: hidden, layers, intermediate, heads,
+# kv_heads, head_dim), after the real checkpoints' configs
+FAMILY_CONFIG = {
+    "qwen3": lambda size: {},
+    "qwen3_5": lambda size: {},
+    "llama": lambda size: {},
+    # gpt-oss-20b / 120b: MoE in every layer, attention sinks (learned per head), sliding-window
+    # and full attention alternating
+    "gpt_oss": lambda size: {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"] * (size["layers"] // 2),
+    },
+    # Qwen3-Coder-30B-A3B: MoE in every layer
+    "qwen3_moe": lambda size: {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": size["intermediate"] // 2,
+        "norm_topk_prob": True,
+    },
+    # Qwen3-Coder-Next: 3 GatedDeltaNet layers then 1 gated attention layer, MoE with a shared expert
+    "qwen3_next": lambda size: {
+        "linear_num_value_heads": size["heads"],
+        "linear_num_key_heads": max(1, size["heads"] // 2),
+        "linear_key_head_dim": size["head_dim"],
+        "linear_value_head_dim": size["head_dim"],
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": size["intermediate"] // 2,
+        "shared_expert_intermediate_size": size["intermediate"] // 2,
+        "norm_topk_prob": True,
+        "partial_rotary_factor": 0.25,
+    },
+    # gemma-4-31B-it: sliding-window layers, then a full one (wider heads, keys as values, partial
+    # RoPE), embeddings scaled by sqrt(hidden), soft-capped logits
+    "gemma4_text": lambda size: {
+        "sliding_window": WINDOW,
+        "layer_types": ["sliding_attention"] * (size["layers"] - 1) + ["full_attention"],
+        "global_head_dim": 2 * size["head_dim"],
+        "attention_k_eq_v": True,
+        "num_global_key_value_heads": 1,
+        "num_kv_shared_layers": 0,
+        "hidden_size_per_layer_input": 0,
+        "use_double_wide_mlp": False,
+        "final_logit_softcapping": 30.0,
+    },
+}
+FAMILIES = tuple(FAMILY_CONFIG)
 # Real models' shapes, for measuring the machinery at scale with random weights (oracle drafts).
 SHAPES = {
     "tiny": {},
@@ -50,9 +106,10 @@ def target_config(
     head_dim=None,
 ) -> dict:
     """Small by default; untied heads, since a tied random model just repeats its input token."""
-    return model_config(
-        family, vocab, eos, hidden, layers, heads, kv_heads, intermediate or hidden * 2, tie=tie, head_dim=head_dim
-    )
+    intermediate = intermediate or hidden * 2
+    cfg = model_config(family, vocab, eos, hidden, layers, heads, kv_heads, intermediate, tie=tie, head_dim=head_dim)
+    size = dict(hidden=hidden, layers=layers, intermediate=intermediate, heads=heads, head_dim=cfg["head_dim"])
+    return {**cfg, **FAMILY_CONFIG[family](size)}
 
 
 def write_target(out: Path, family: str, seed: int = 0, vocab_size: int = 512, model_vocab: int = None, **kw) -> Path:
@@ -65,6 +122,9 @@ def write_target(out: Path, family: str, seed: int = 0, vocab_size: int = 512, m
     cfg = target_config(family, vocab, [ids[EOS], ids[IM_END]], **kw)
     mx.random.seed(seed)
     model = build_model(cfg)
+    for layer in model.layers:  # attention sinks start at zero: give them weight, as trained ones have
+        if "sinks" in layer.get("self_attn", {}):
+            layer.self_attn.sinks = mx.random.normal(layer.self_attn.sinks.shape)
     if sum(v.size for _, v in tree_flatten(model.parameters())) > 50e6:
         model.set_dtype(mx.bfloat16)  # real-model shapes: store as real checkpoints do
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))

@@ -19,10 +19,31 @@ from .errors import DFlashError
 PREFILL_CHUNK = 512
 # The mlx-lm model modules (after mlx-lm's renames: a "mistral" config runs llama's) whose caches
 # DFlash rolls back exactly, each tested in tests/test_engine.py: attention caches are trimmed
-# (sliding-window ones too), GatedDeltaNet layers replayed from a tape. Other recurrent layers
-# (Mamba, Mamba-2, short convolutions: mamba, nemotron_h, jamba, lfm2, ...) keep a state that can
-# be neither, so their targets are refused at load instead of failing on the first rejection.
-SUPPORTED_ARCHITECTURES = ("gemma3_text", "llama", "qwen3", "qwen3_5", "qwen3_5_moe")
+# (sliding-window ones too, gpt_oss's with attention sinks: the sinks are weights, not cache),
+# GatedDeltaNet layers (qwen3_5, qwen3_next) replayed from a tape; MoE layers keep no state. Other
+# recurrent layers (Mamba, Mamba-2, short convolutions: mamba, nemotron_h, jamba, lfm2, ...) keep a
+# state that can be neither, so their targets are refused at load instead of failing on the first
+# rejection.
+SUPPORTED_ARCHITECTURES = (
+    "gemma3_text",
+    "gemma4",
+    "gemma4_text",
+    "gpt_oss",
+    "llama",
+    "qwen3",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_moe",
+    "qwen3_next",
+)
+# Text models (by module) that scale their input embeddings inside their forward, Gemma's by
+# sqrt(hidden) (gemma3_text rounds the factor to bfloat16 first): Target.embed scales the same way,
+# so the draft's block is embedded exactly as the target embeds its own input (the reference
+# implementations embed it with Gemma's scaled embedding module).
+INPUT_EMBEDDING_SCALE = {
+    "gemma3_text": lambda inner, h: h * mx.array(inner.args.hidden_size**0.5, mx.bfloat16).astype(h.dtype),
+    "gemma4_text": lambda inner, h: h * inner.embed_scale,
+}
 
 
 @dataclass
@@ -79,9 +100,10 @@ def _tap_layer(layer, index: int):
     def __call__(self, *args, **kwargs):
         out = cls.__call__(self, *args, **kwargs)
         if _ACTIVE is not None and _ACTIVE.hidden is not None:
-            _ACTIVE.hidden[index] = out
+            hidden = out[0] if isinstance(out, tuple) else out  # gemma4's layers also return their K/V
+            _ACTIVE.hidden[index] = hidden
             if _ACTIVE.eager:
-                mx.async_eval(out)
+                mx.async_eval(hidden)
         return out
 
     layer.__class__ = type(f"Tapped{cls.__name__}", (cls,), {"__call__": __call__, "_dflash_tap": True})
@@ -133,8 +155,10 @@ class Target:
         self._head_module = lm_head or self.inner.embed_tokens  # tied: the embedding's rows
         head = lm_head or self.inner.embed_tokens.as_linear
         group = getattr(owner, "sharding_group", None)  # mlx-lm splits qwen3_5's LM head by vocabulary
-        self.head = head if group is None else lambda h: gather_last_axis(head(h), group)
+        self._softcap = getattr(owner, "final_logit_softcapping", None)  # gemma4 caps its logits
+        self.head = self._capped(head if group is None else lambda h: gather_last_axis(head(h), group))
         self._sharded_head = group is not None
+        self._embed_scale = INPUT_EMBEDDING_SCALE.get(type(self.inner).__module__.rsplit(".", 1)[-1])
         self._draft_head = (None, None)  # (the vocabulary it was made for, its DraftHead)
         self.layers = model.layers
         self.tap_ids = list(tap_ids)
@@ -173,7 +197,14 @@ class Target:
         return bool(self.gdn_layers)
 
     def embed(self, ids: mx.array) -> mx.array:
-        return self.inner.embed_tokens(ids)
+        """Token embeddings as the target's forward feeds them to its first layer."""
+        h = self.inner.embed_tokens(ids)
+        return h if self._embed_scale is None else self._embed_scale(self.inner, h)
+
+    def _capped(self, logits):
+        """The LM head `logits` followed by the model's logit soft-capping, where it has one."""
+        cap = self._softcap
+        return logits if not cap else lambda h: mx.tanh(logits(h) / cap) * cap
 
     def draft_head(self, vocab: tuple | None) -> "DraftHead":
         """The LM head the draft proposes through: the target's, or with `vocab` (the draft's
@@ -191,7 +222,9 @@ class Target:
                     rows[name] = mx.contiguous(rows[name][ids])
             mx.eval(rows.parameters())
             head = DraftHead(
-                rows.as_linear if hasattr(rows, "as_linear") else rows, ids, self._head_module["weight"].shape[0]
+                self._capped(rows.as_linear if hasattr(rows, "as_linear") else rows),
+                ids,
+                self._head_module["weight"].shape[0],
             )
         self._draft_head = (vocab, head)
         return head

@@ -20,6 +20,17 @@ def run(gen):
     return events[:-1], events[-1]
 
 
+def full_verifies(cycles, block_size: int, max_tokens: int) -> bool:
+    """Every drafted cycle verified the whole block, the last one as much of it as the budget left
+    room for after its staged token."""
+    done = 0
+    for ev in cycles:
+        if ev.verified != min(block_size - 1, max_tokens - done - 1):
+            return False
+        done += len(ev.committed)
+    return True
+
+
 @pytest.mark.parametrize(
     "drafted, posterior, expected",
     [
@@ -59,7 +70,7 @@ def test_random_draft_is_lossless(random_pairs, family, block_size):
         ids = pair.encode(prompt, chat_template=False)
         _, base = run(pair.baseline(ids, 40))
         cycles, summary = run(pair.dflash(ids, 40, block_size, min_confidence=0.0))
-        assert all(ev.verified == block_size - 1 for ev in cycles)
+        assert full_verifies(cycles, block_size, 40)
         assert summary.tokens == base.tokens, prompt
         assert [t for ev in cycles for t in ev.committed] == summary.tokens
         assert summary.cycles == len(cycles)
@@ -99,12 +110,13 @@ def test_every_accepted_length_is_lossless(random_pairs, family):
             for name, draft_fn in drafts.items():
                 cycles, summary = run(pair.dflash(ids, 150, block_size, draft_fn=draft_fn, policy="fixed"))
                 assert summary.tokens == base.tokens, (name, block_size, prompt)
+                assert full_verifies(cycles, block_size, 150)
                 for ev in cycles:
-                    assert ev.kv_trimmed == block_size - 1 - ev.accepted_len
+                    assert ev.kv_trimmed == ev.verified - ev.accepted_len
                     # a whole block accepted leaves nothing to undo: no replay then
-                    replays = family == "qwen3_5" and ev.accepted_len < block_size - 1
+                    replays = pair.target.hybrid and ev.accepted_len < ev.verified
                     assert ev.gdn_replayed == (ev.accepted_len + 1 if replays else 0)
-                    assert len(ev.posterior) == block_size and len(ev.drafted) == block_size - 1
+                    assert len(ev.posterior) == ev.verified + 1 and len(ev.drafted) == block_size - 1
                 if name == "oracle":
                     full = [ev.accepted_len for ev in cycles[:-1]]
                     assert full and all(a == block_size - 1 for a in full)
@@ -113,6 +125,34 @@ def test_every_accepted_length_is_lossless(random_pairs, family):
                 if block_size == 16:
                     seen |= {ev.accepted_len for ev in cycles}
     assert seen == set(range(16))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_a_run_ending_on_the_staged_token_takes_no_cycle_for_it(random_pairs, family):
+    """With an oracle draft every cycle commits B tokens and stages the next. A budget of k * B + 1,
+    or an EOS as token k * B + 1, ends the run on the k-th cycle's staged token: it is emitted with
+    that cycle (k cycles, not k + 1). A budget of k * B + 4 verifies only the 3 proposals that fit
+    after the last cycle's staged token."""
+    from dflash_core.engine import baseline_generate, dflash_generate
+
+    pair, B, k = random_pairs[family], 8, 3
+    ids = pair.encode(PROMPTS[1], chat_template=False)
+    _, free = run(pair.baseline(ids, 6 * B))
+    oracle = oracle_draft(len(ids), free.tokens)
+    for budget, last_verified, last_committed in ((k * B + 1, B - 1, B + 1), (k * B + 4, 3, 4)):
+        cycles, ours = run(pair.dflash(ids, budget, B, draft_fn=oracle, policy="fixed"))
+        assert ours.tokens == free.tokens[:budget] and ours.stop_reason == "max_tokens"
+        assert ours.cycles == len(cycles) == k + (budget > k * B + 1)
+        assert cycles[-1].verified == last_verified and len(cycles[-1].committed) == last_committed
+    # an EOS first met as a cycle's staged token: the run stops on it, not before
+    k = next(j for j in range(1, 6) if free.tokens[j * B] not in free.tokens[: j * B])
+    eos = free.tokens[k * B]
+    _, base = run(baseline_generate(pair.model, ids, max_tokens=100, eos_ids={eos}))
+    cycles, ours = run(
+        dflash_generate(pair.target, pair.draft, ids, max_tokens=100, block_size=B, eos_ids={eos}, draft_fn=oracle)
+    )
+    assert ours.tokens == base.tokens == free.tokens[: k * B + 1] and ours.stop_reason == "eos"
+    assert ours.cycles == k
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -143,7 +183,8 @@ def test_summary_counts_match_cycles(random_pairs):
         )
     )
     assert s.accepted_tokens == sum(ev.accepted_len for ev in cycles)
-    assert s.drafted_tokens == 7 * len(cycles)
+    assert s.drafted_tokens == sum(ev.verified for ev in cycles)
+    assert full_verifies(cycles, 8, 60)
     for k in range(7):
         assert s.accepted_per_position[k] == sum(ev.accepted_len > k for ev in cycles)
     assert all(ev.draft_ms >= 0 and ev.verify_ms > 0 and ev.rollback_ms >= 0 for ev in cycles)
@@ -231,6 +272,25 @@ MORE_ARCHITECTURES = {
         "sliding_window_pattern": 2,
         "query_pre_attn_scalar": 16,
     },
+    # gemma-4-26B-A4B-it, as its checkpoint is laid out: the multimodal wrapper around gemma4_text,
+    # a MoE block beside each layer's MLP; here also KV-shared layers (Gemma 4's small models),
+    # which keep no cache of their own
+    "gemma4": {
+        "model_type": "gemma4",
+        "text_config": {
+            "model_type": "gemma4_text",
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "full_attention"] * 3,
+            "num_hidden_layers": 6,
+            "num_kv_shared_layers": 2,
+            "hidden_size_per_layer_input": 0,
+            "global_head_dim": 32,
+            "enable_moe_block": True,
+            "num_experts": 4,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 32,
+        },
+    },
     "qwen3_5_moe": {
         "model_type": "qwen3_5_moe",
         "linear_num_value_heads": 4,
@@ -309,6 +369,10 @@ def write_architecture(root, name: str, config: dict, seed: int = 5):
 
     target = write_target(root / name, "llama", seed=seed)
     cfg = {**json.loads((target / "config.json").read_text()), **config}
+    if "text_config" in config:  # a multimodal wrapper: the sizes go inside it too
+        cfg["text_config"] = {**cfg, **config["text_config"]}
+        del cfg["text_config"]["text_config"]
+        cfg["num_hidden_layers"] = cfg["text_config"]["num_hidden_layers"]
     mx.random.seed(seed)
     model = build_model(cfg)
     mx.save_safetensors(str(target / "model.safetensors"), dict(tree_flatten(model.parameters())))
@@ -333,6 +397,7 @@ def test_every_supported_architecture_is_tested():
     from dflash_core.target import SUPPORTED_ARCHITECTURES
 
     tested = set(FAMILIES) | {"llama" if name == "llama-sliding" else name for name in MORE_ARCHITECTURES}
+    assert {"gpt_oss", "qwen3_moe", "qwen3_next", "gemma4_text"} <= set(FAMILIES)
     assert set(SUPPORTED_ARCHITECTURES) == tested
 
 
@@ -354,7 +419,7 @@ def _lossless_for_every_accepted_length(pair, prompts, max_tokens=60):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama-sliding", "gemma3_text"])
+@pytest.mark.parametrize("name", ["llama-sliding", "gemma3_text", "gemma4"])
 def test_sliding_window_target_is_lossless(architecture_dirs, name):
     """Sliding-window layers keep a RotatingKVCache of WINDOW entries; the prompts are longer, so
     the cache has wrapped before the first cycle, and rollback trims a wrapped cache."""
@@ -388,6 +453,30 @@ def test_unsupported_architecture_is_one_clear_error(architecture_dirs, name):
         load_pair(*map(str, architecture_dirs(name)))
     assert f"architecture '{name}' is not supported" in str(e.value)
     assert "qwen3_5" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "gemma4_text", "gemma4", "qwen3"])
+def test_the_block_is_embedded_as_the_target_embeds_its_own_input(random_pairs, architecture_dirs, name, monkeypatch):
+    """Gemma scales its input embeddings by sqrt(hidden) inside its forward: Target.embed (the
+    draft's block) gives exactly what the first decoder layer receives, scaled where the family
+    scales."""
+    from dflash_core.loading import load_pair
+
+    target = random_pairs[name].target if name in random_pairs else load_pair(*map(str, architecture_dirs(name))).target
+    received = []
+    first = target.layers[0]
+
+    class Recording(type(first)):
+        def __call__(self, x, *args, **kwargs):
+            received.append(x)
+            return super().__call__(x, *args, **kwargs)
+
+    monkeypatch.setattr(first, "__class__", Recording)
+    ids = mx.array([[3, 1, 4, 1, 5]])
+    target.inner(ids)
+    assert mx.array_equal(target.embed(ids), received[0]).item()
+    scaled = not mx.array_equal(target.embed(ids), target.inner.embed_tokens(ids)).item()
+    assert scaled == name.startswith("gemma")
 
 
 # --- the draft's vocabulary (Target.draft_head) --------------------------------------------------
@@ -455,4 +544,4 @@ def test_the_gpu_cycle_is_lossless_anywhere(random_pairs, family, monkeypatch):
         _, base = run(pair.baseline(ids, 40))
         cycles, ours = run(pair.dflash(ids, 40, 6, min_confidence=0.0, policy="fixed"))
         assert ours.tokens == base.tokens, prompt
-        assert all(ev.verified == 5 for ev in cycles)
+        assert full_verifies(cycles, 6, 40)
