@@ -49,6 +49,13 @@ DRAFTS = {
     "Qwen3.6-27B": "z-lab/Qwen3.6-27B-DFlash",
     "Qwen3.6-35B-A3B": "z-lab/Qwen3.6-35B-A3B-DFlash",
     "Llama-3.1-8B-Instruct": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
+    "Qwen3.5-122B-A10B": "z-lab/Qwen3.5-122B-A10B-DFlash",
+    "Qwen3-Coder-30B-A3B-Instruct": "z-lab/Qwen3-Coder-30B-A3B-DFlash",
+    "Qwen3-Coder-Next": "z-lab/Qwen3-Coder-Next-DFlash",
+    "gpt-oss-20b": "z-lab/gpt-oss-20b-DFlash",
+    "gpt-oss-120b": "z-lab/gpt-oss-120b-DFlash",
+    "gemma-4-31B-it": "z-lab/gemma-4-31B-it-DFlash",
+    "gemma-4-26B-A4B-it": "z-lab/gemma-4-26B-A4B-it-DFlash",
 }
 ALIASES = {
     "Meta-Llama-3.1-8B-Instruct": "Llama-3.1-8B-Instruct",
@@ -64,6 +71,52 @@ TARGETS = {
     "Qwen3.6-27B": ("mlx-community/Qwen3.6-27B-4bit", "Qwen/Qwen3.6-27B"),
     "Qwen3.6-35B-A3B": ("mlx-community/Qwen3.6-35B-A3B-4bit", "Qwen/Qwen3.6-35B-A3B"),
     "Llama-3.1-8B-Instruct": ("mlx-community/Meta-Llama-3.1-8B-Instruct-4bit", "meta-llama/Llama-3.1-8B-Instruct"),
+    "Qwen3.5-122B-A10B": ("mlx-community/Qwen3.5-122B-A10B-4bit", "Qwen/Qwen3.5-122B-A10B"),
+    "Qwen3-Coder-30B-A3B-Instruct": (
+        "mlx-community/Qwen3-Coder-30B-A3B-Instruct-4bit",
+        "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+    ),
+    "Qwen3-Coder-Next": ("mlx-community/Qwen3-Coder-Next-4bit", "Qwen/Qwen3-Coder-Next"),
+    # gpt-oss ships its experts in MXFP4 already; mlx-community's conversion keeps them so
+    "gpt-oss-20b": ("mlx-community/gpt-oss-20b-MXFP4-Q8", "openai/gpt-oss-20b"),
+    "gpt-oss-120b": ("mlx-community/gpt-oss-120b-MXFP4-Q8", "openai/gpt-oss-120b"),
+    "gemma-4-31B-it": ("mlx-community/gemma-4-31b-it-4bit", "google/gemma-4-31B-it"),
+    "gemma-4-26B-A4B-it": ("mlx-community/gemma-4-26b-a4b-it-4bit", "google/gemma-4-26B-A4B-it"),
+}
+# Hub ids above that no public source seen confirmed (the name follows the family's pattern, the
+# repository may not exist): `models` and the playground's picker say so. The others were read in
+# z-lab's README (its supported list and serving examples), the drafts' own hub pages, their GGUF
+# conversions' model cards (which name draft and target) and other runtimes' issue threads.
+UNCONFIRMED = {
+    "z-lab/Qwen3-Coder-Next-DFlash",  # z-lab's README lists the target as coming soon
+    "mlx-community/Qwen3-Coder-30B-A3B-Instruct-4bit",
+    "mlx-community/Qwen3-Coder-Next-4bit",
+    "mlx-community/gpt-oss-120b-MXFP4-Q8",
+    "mlx-community/gemma-4-31b-it-4bit",
+    "mlx-community/gemma-4-26b-a4b-it-4bit",
+    "Qwen/Qwen3.5-122B-A10B",
+}
+# base name -> its mlx-lm architecture (config.json's model_type; Target.SUPPORTED_ARCHITECTURES
+# says which DFlash serves)
+FAMILIES = {
+    "Qwen3-4B": "qwen3",
+    "Qwen3-8B": "qwen3",
+    "Qwen3.5-4B": "qwen3_5",
+    "Qwen3.5-9B": "qwen3_5",
+    "Qwen3.5-27B": "qwen3_5",
+    "Qwen3.5-35B-A3B": "qwen3_5_moe",
+    "Qwen3.6-27B": "qwen3_5",
+    "Qwen3.6-35B-A3B": "qwen3_5_moe",
+    "Llama-3.1-8B-Instruct": "llama",
+    "Qwen3.5-122B-A10B": "qwen3_5_moe",
+    "Qwen3-Coder-30B-A3B-Instruct": "qwen3_moe",
+    "Qwen3-Coder-Next": "qwen3_next",
+    "gpt-oss-20b": "gpt_oss",
+    "gpt-oss-120b": "gpt_oss",
+    "gemma-4-31B-it": "gemma4",
+    "gemma-4-26B-A4B-it": "gemma4",
+    "SmolLM2-135M-Instruct": "llama",  # the GGUF converts to llama
+    "stdlib-hybrid": "qwen3_5",
 }
 GATED = {"meta-llama/Llama-3.1-8B-Instruct"}  # needs its license accepted and a hub token
 # base name -> the shipped pair whose draft this project trained for it (any copy of the weights:
@@ -119,15 +172,23 @@ class KnownPair:
     target: str  # hub id, or the shipped pair's name
     draft: str  # hub id, or the shipped draft's directory
     kind: str  # "shipped", "mlx-4bit" (mlx-community's 4-bit conversion) or "original"
+    family: str  # the mlx-lm architecture
     gated: bool = False
+    unconfirmed: bool = False  # the target's or the draft's hub id is not confirmed (UNCONFIRMED)
 
 
 def known_pairs() -> list:
     """Every pair `models` lists: the shipped pairs, then per base its 4-bit and original targets."""
-    pairs = [KnownPair(name, name, str(draft), "shipped") for name, (_, draft) in SHIPPED.items()]
-    for base, (quantized, original) in TARGETS.items():
-        pairs.append(KnownPair(base, quantized, DRAFTS[base], "mlx-4bit", quantized in GATED))
-        pairs.append(KnownPair(base, original, DRAFTS[base], "original", original in GATED))
+    shipped_family = {pair: FAMILIES[base] for base, pair in SHIPPED_BASES.items()}
+    pairs = [
+        KnownPair(name, name, str(draft), "shipped", shipped_family.get(name, FAMILIES.get(name)))
+        for name, (_, draft) in SHIPPED.items()
+    ]
+    for base, targets in TARGETS.items():
+        draft = DRAFTS[base]
+        for target, kind in zip(targets, ("mlx-4bit", "original")):
+            unconfirmed = target in UNCONFIRMED or draft in UNCONFIRMED
+            pairs.append(KnownPair(base, target, draft, kind, FAMILIES[base], target in GATED, unconfirmed))
     return pairs
 
 

@@ -25,6 +25,14 @@ from dflash_core.registry import DRAFTS, SHIPPED, draft_for, known_pairs
         ("~/models/qwen3.5-4b-bf16/", "z-lab/Qwen3.5-4B-DFlash"),
         ("meta-llama/Llama-3.1-8B-Instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
         ("mlx-community/Meta-Llama-3.1-8B-Instruct-4bit", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
+        ("openai/gpt-oss-20b", "z-lab/gpt-oss-20b-DFlash"),
+        ("mlx-community/gpt-oss-20b-MXFP4-Q8", "z-lab/gpt-oss-20b-DFlash"),
+        ("mlx-community/gpt-oss-120b-4bit", "z-lab/gpt-oss-120b-DFlash"),
+        ("Qwen/Qwen3-Coder-30B-A3B-Instruct", "z-lab/Qwen3-Coder-30B-A3B-DFlash"),
+        ("Qwen/Qwen3-Coder-Next", "z-lab/Qwen3-Coder-Next-DFlash"),
+        ("mlx-community/Qwen3.5-122B-A10B-4bit", "z-lab/Qwen3.5-122B-A10B-DFlash"),
+        ("google/gemma-4-31B-it", "z-lab/gemma-4-31B-it-DFlash"),
+        ("mlx-community/gemma-4-26b-a4b-it-8bit", "z-lab/gemma-4-26B-A4B-it-DFlash"),
     ],
 )
 def test_known_targets_and_their_quantized_conversions_resolve(model, draft):
@@ -88,7 +96,8 @@ def test_every_base_has_a_4bit_mlx_community_target_that_resolves_to_its_draft()
     for p in pairs:
         assert p.draft == DRAFTS[p.base] and draft_for(p.target) == p.draft
         if p.kind == "mlx-4bit":
-            assert p.target.startswith("mlx-community/") and p.target.endswith("-4bit") and not p.gated
+            assert p.target.startswith("mlx-community/") and not p.gated
+            assert p.target.endswith("-4bit") or "-MXFP4" in p.target  # gpt-oss's experts ship in MXFP4
     assert [p.target for p in pairs if p.gated] == ["meta-llama/Llama-3.1-8B-Instruct"]
 
 
@@ -107,3 +116,29 @@ def test_models_command_lists_every_pair(capsys, monkeypatch):
     assert [(r["base"], r["target"], r["draft"], r["kind"]) for r in rows] == [
         (p.base, p.target, p.draft, p.kind) for p in known_pairs()
     ]
+
+
+def test_every_pair_names_a_family_dflash_serves_and_unconfirmed_names_are_marked(capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    from dflash_core.registry import UNCONFIRMED
+    from dflash_core.target import SUPPORTED_ARCHITECTURES
+
+    pairs = known_pairs()
+    assert all(p.family in SUPPORTED_ARCHITECTURES for p in pairs)
+    assert {"gpt_oss", "qwen3_moe", "qwen3_next", "gemma4"} <= {p.family for p in pairs}
+    hub_ids = {x for p in pairs if p.kind != "shipped" for x in (p.target, p.draft)}
+    assert UNCONFIRMED <= hub_ids  # no stale entry
+    for p in pairs:
+        assert p.unconfirmed == (p.target in UNCONFIRMED or p.draft in UNCONFIRMED)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for p in pairs:
+        (line,) = [row for row in lines if f" {p.target} " in row]
+        assert p.family in line and ("name unconfirmed" in line) == p.unconfirmed
+        assert "not supported" not in line
+    assert main(["models", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(r["supported"] for r in rows)
+    assert [r["unconfirmed"] for r in rows] == [p.unconfirmed for p in pairs]

@@ -51,7 +51,10 @@ class Catalogue:
             hub = [p for p in known_pairs() if p.kind in HUB_KINDS and not p.gated]
             for p in sorted(hub, key=lambda p: p.kind != "mlx-4bit"):
                 self.entries[p.target] = Entry(
-                    f"{p.base} · {HUB_KINDS[p.kind]} (hub download)", "hub", p.target, p.draft
+                    f"{p.base} · {HUB_KINDS[p.kind]} (hub download{', name unconfirmed' if p.unconfirmed else ''})",
+                    "hub",
+                    p.target,
+                    p.draft,
                 )
         self._plans = {}  # key -> PairPlan: configs read, draft checked, downloads done so far
         self._loaded = OrderedDict()  # (key, draft bits) -> Pair, most recently used last

@@ -1,6 +1,7 @@
 """`models`: the targets with a known draft and what each weighs. Sizes come from the cache for what
 is downloaded, from the hub's file listing for the rest (nothing is downloaded), and are unknown
-offline for what is not in the cache."""
+offline for what is not in the cache. Each pair names its architecture and whether DFlash serves it;
+a hub id no public source confirmed is marked so."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -9,6 +10,7 @@ from pathlib import Path
 from ..hub import RepoSize, local_size, size
 from ..memory import gb
 from ..registry import SHIPPED, known_pairs
+from ..target import SUPPORTED_ARCHITECTURES
 
 
 def add_parser(sub):
@@ -49,7 +51,10 @@ def run(args) -> int:
             "target": p.target,
             "draft": p.draft,
             "kind": p.kind,
+            "family": p.family,
+            "supported": p.family in SUPPORTED_ARCHITECTURES,
             "gated": p.gated,
+            "unconfirmed": p.unconfirmed,
             "target_size": vars(sizes[p.target]),
             "draft_size": vars(sizes[p.draft]),
         }
@@ -58,11 +63,12 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = [("base", "kind", "target", "target size", "draft", "draft size")]
+    table = [("base", "family", "kind", "target", "target size", "draft", "draft size")]
     table += [
         (
             r["base"],
-            r["kind"] + (" (gated)" if r["gated"] else ""),
+            r["family"] + ("" if r["supported"] else " (not supported)"),
+            r["kind"] + (" (gated)" if r["gated"] else "") + (" (name unconfirmed)" if r["unconfirmed"] else ""),
             r["target"],
             _text(sizes[r["target"]]),
             r["draft"],
