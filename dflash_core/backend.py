@@ -62,18 +62,6 @@ def draft_vocab_pays() -> bool:
     return on_cpu()
 
 
-def eager_verify() -> bool:
-    """Whether a verify forward launches its tapped layers' outputs while it is still being
-    built (Target.verify). On a GPU a small target's forward is as much Python building the graph
-    as kernels running: on the H200 a float32 SmolLM2-135M verify of 8 rows took 10.3 ms, 4.4 of
-    them building (scripts/forward_rows.py). On a CPU the computation is the cost, and the build
-    thread would take a core from the BLAS. DFLASH_EAGER_VERIFY=0|1 overrides."""
-    flag = os.environ.get("DFLASH_EAGER_VERIFY", "").strip()
-    if flag in ("0", "1"):
-        return flag == "1"
-    return not on_cpu()
-
-
 # MLX's CUDA backend runs multi-row attention through cuDNN and builds a cuDNN plan for every new
 # (query, key) shape. A speculative cycle's key length is new every cycle (the cache grows by the
 # accepted tokens), so each verify and draft forward paid a plan build (~tens of ms, more than

@@ -155,8 +155,6 @@ def dflash_generate(
             decision = rule.after_draft(sure.tolist())
         else:  # where rows are cheap (a GPU), decide without it: the cycle then syncs with the host once
             decision = rule.after_draft(None)
-            if target.eager_verify:
-                mx.async_eval(proposals, sure)  # the draft computes while the verify is built
         # the last cycle verifies no more proposals than the budget has room for after the staged token
         verified = min(decision.verified, max_tokens - len(tokens) - 1)
         t_draft = time.perf_counter()

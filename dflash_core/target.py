@@ -13,7 +13,7 @@ import mlx.core as mx
 from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
 
-from . import backend, fused_attention
+from . import fused_attention
 from .errors import DFlashError
 
 PREFILL_CHUNK = 512
@@ -82,9 +82,8 @@ class DraftHead:
 class _Recorder:
     """Shared between the wrappers: where taps and tapes go during a forward."""
 
-    def __init__(self, eager: bool = False):
+    def __init__(self):
         self.hidden = None  # {layer index: output} while a forward is recording
-        self.eager = eager  # start computing each tapped layer's output while the rest is built
         self.conv = None  # [conv_input, ...] in GatedDeltaNet call order
         self.gdn = None  # [(args, kwargs), ...] in GatedDeltaNet call order
 
@@ -102,8 +101,6 @@ def _tap_layer(layer, index: int):
         if _ACTIVE is not None and _ACTIVE.hidden is not None:
             hidden = out[0] if isinstance(out, tuple) else out  # gemma4's layers also return their K/V
             _ACTIVE.hidden[index] = hidden
-            if _ACTIVE.eager:
-                mx.async_eval(hidden)
         return out
 
     layer.__class__ = type(f"Tapped{cls.__name__}", (cls,), {"__call__": __call__, "_dflash_tap": True})
@@ -174,7 +171,6 @@ class Target:
         self._gdn_ids = {i for i, _, _ in self.gdn_layers}  # cache indices rollback rebuilds
         self.cache = None
         self._tapes = None
-        self.eager_verify = backend.eager_verify()
 
     @staticmethod
     def _text_owner(model):
@@ -233,11 +229,11 @@ class Target:
         self.cache = make_prompt_cache(self.model)
         self._tapes = None
 
-    def _recorded(self, ids: mx.array, cache, tape_gdn: bool, eager: bool = False):
+    def _recorded(self, ids: mx.array, cache, tape_gdn: bool):
         """Run the text model on ids (batch, length) while the wrappers record; returns the
-        normed final hidden, the recorder. `eager`: see Target.verify."""
+        normed final hidden, the recorder."""
         global _ACTIVE
-        rec = _Recorder(eager)
+        rec = _Recorder()
         rec.hidden = {}
         if tape_gdn and self.gdn_layers:
             rec.conv, rec.gdn = [], []
@@ -248,11 +244,11 @@ class Target:
             _ACTIVE = None
         return h, rec
 
-    def _forward(self, ids, tape_gdn: bool, eager: bool = False):
+    def _forward(self, ids, tape_gdn: bool):
         """(normed final hidden, [tapped hidden states in tap_ids order]) through the cache;
         ids: a list, or a 1-D array still on the device."""
         ids = mx.array(ids)[None] if isinstance(ids, list) else ids[None]
-        h, rec = self._recorded(ids, self.cache, tape_gdn, eager)
+        h, rec = self._recorded(ids, self.cache, tape_gdn)
         self._tapes = (
             [GDNTape(c, args, kw) for c, (args, kw) in zip(rec.conv, rec.gdn)] if rec.gdn is not None else None
         )
@@ -293,13 +289,8 @@ class Target:
         return self.head(h[:, -1])[0], taps
 
     def verify(self, ids: list):
-        """One forward over the block; logits for every position, taps, and GDN tapes.
-        Where the forward is bound by building its graph and launching kernels (a small target
-        on a GPU), each tapped layer's output starts computing as soon as it is built
-        (`eager_verify`), so the device works on the first layers while Python builds the rest:
-        otherwise the two add up, and a verify costs their sum where a pipelined decoding step
-        costs about the larger."""
-        h, taps = self._forward(ids, tape_gdn=True, eager=self.eager_verify)
+        """One forward over the block; logits for every position, taps, and GDN tapes."""
+        h, taps = self._forward(ids, tape_gdn=True)
         return self.head(h)[0], taps
 
     def rollback(self, kept: int, fed: int):

@@ -5,9 +5,6 @@ small target's step is bound by graph building and kernel launches, so its rows 
 
     python scripts/forward_rows.py                                   # default pair, its benchmark requests
     python scripts/forward_rows.py --model M --draft D --save out.json
-
-Each figure twice, side by side: the verify's graph built and then computed, and with its
-tapped layers launched while the rest is built (Target.verify's eager mode, a GPU's default).
 """
 
 import argparse
@@ -82,17 +79,10 @@ def main():
     pair = load_pair(args.model, args.draft, allow_download=False)
     prompts = json.loads(Path(args.prompts or DEFAULT_PROMPTS[pair.chat_default]).read_text())
     res = {"device": str(mx.default_device()), "dtype": str(pair.compute_dtype or "the weights' own")}
-    # the verify built and computed one after the other, and with its tapped layers launched while
-    # the rest is built (Target.verify's eager mode), side by side in this process
-    for eager in (False, True):
-        pair.target.eager_verify = eager
-        mode = res["eager" if eager else "sequential"] = {}
-        mode["target_forward_by_rows"] = rows = forward_costs(pair)
-        mode["forward_in_one_row_forwards"] = {
-            r: round(c["total_ms"] / rows[1]["total_ms"], 2) for r, c in rows.items()
-        }
-        mode["cycles"] = [{"prompt": q, **cycle_split(pair, q, args.max_tokens)} for q in prompts]
-        mode["cycle_steps_median"] = median(c["cycle_steps"] for c in mode["cycles"])
+    res["target_forward_by_rows"] = rows = forward_costs(pair)
+    res["forward_in_one_row_forwards"] = {r: round(c["total_ms"] / rows[1]["total_ms"], 2) for r, c in rows.items()}
+    res["cycles"] = [{"prompt": q, **cycle_split(pair, q, args.max_tokens)} for q in prompts]
+    res["cycle_steps_median"] = median(c["cycle_steps"] for c in res["cycles"])
     text = json.dumps(res, indent=1)
     print(text)
     if args.save:

@@ -6,10 +6,9 @@
 #                                          every family with the policy interleaving plain steps, and
 #                                          the random Qwen3-4B-shaped target (bfloat16, float32)
 #   bash scripts/gpu_figures.sh cycle     where a cycle's time goes: the default pair's verify by rows
-#                                          and its cycle in one-token steps, the verify built then
-#                                          computed against launched while built (forward_rows.py),
-#                                          and the random Qwen3-4B-shaped target's oracle at a block
-#                                          of 16, float32
+#                                          and its cycle in one-token steps (forward_rows.py), and
+#                                          the random Qwen3-4B-shaped target's oracle at a block of
+#                                          16, float32
 #   bash scripts/gpu_figures.sh heldout   the default pair on all 40 held-out chat requests, float32:
 #                                          the adaptive policy side by side with the fixed one
 #                                          (REPEAT=N repeats, default 3)
