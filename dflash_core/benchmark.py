@@ -44,12 +44,15 @@ def run_benchmark(
     confidence_sweep: list = (),
     sampling=None,
     template_args: dict = None,
+    copy: bool = False,
+    copy_sweep: bool = False,
 ) -> dict:
     """With `sampling` (temperature > 0) the baseline is plain sampling and DFlash speculative
     sampling, each run seeded alike: the outputs share a distribution, not tokens. `template_args`:
     the chat template's extra arguments (e.g. thinking on). `policy` None: the pair's default (Pair.policy_for);
     `policy_sweep` runs other policies side by side,
-    `confidence_sweep` the fixed policy at other thresholds."""
+    `confidence_sweep` the fixed policy at other thresholds, `copy_sweep` DFlash with the copy
+    source (dflash_core.copy_source) the other way than `copy`."""
     block_size = pair.block_size if block_size is None else block_size
     policy = pair.policy_for(policy, min_confidence, sampling)
     if min_confidence is None:
@@ -59,18 +62,23 @@ def run_benchmark(
         pair.check_request(ids, max_tokens, block_size)
     for b in sweep:
         pair.check_request(encoded[0], max_tokens, b)
-    main = Variant(block_size, policy, min_confidence)
+    main = Variant(block_size, policy, min_confidence, copy)
     sweeps = {
-        "sweep": [Variant(b, policy, min_confidence) for b in sweep],
-        "policy_sweep": [Variant(block_size, p, min_confidence) for p in policy_sweep],
-        "confidence_sweep": [Variant(block_size, "fixed", c) for c in confidence_sweep],
+        "sweep": [Variant(b, policy, min_confidence, copy) for b in sweep],
+        "policy_sweep": [Variant(block_size, p, min_confidence, copy) for p in policy_sweep],
+        "confidence_sweep": [Variant(block_size, "fixed", c, copy) for c in confidence_sweep],
+        "copy_sweep": [Variant(block_size, policy, min_confidence, not copy)] if copy_sweep else [],
     }
     sweeps = {name: list(dict.fromkeys([main, *group])) if group else [] for name, group in sweeps.items()}
     sweeps["sweep"].sort(key=lambda v: v.block_size)
     variants = list(dict.fromkeys([main, *(v for group in sweeps.values() for v in group)]))
 
     def dflash(ids, v, **kw):
-        return _last(pair.dflash(ids, max_tokens, v.block_size, min_confidence=v.min_confidence, policy=v.policy, **kw))
+        return _last(
+            pair.dflash(
+                ids, max_tokens, v.block_size, min_confidence=v.min_confidence, policy=v.policy, copy=v.copy, **kw
+            )
+        )
 
     # full-length warm-up: one-time costs (GPU kernel JIT, allocator growth, the policy's cost
     # probe) can depend on the cache length, so the warm-up goes as far as the measured runs do
@@ -86,7 +94,7 @@ def run_benchmark(
             rows = [("baseline", main, base)] + [("dflash", v, dflash(ids, v, sampling=sampling)) for v in variants]
             if oracle:
                 draft_fn = oracle_draft(len(ids), base.tokens)
-                fixed = Variant(block_size, "fixed", 0.0)  # every proposal verified: the ceiling
+                fixed = Variant(block_size, "fixed", 0.0, False)  # every proposal verified: the ceiling
                 rows.append(("oracle", fixed, dflash(ids, fixed, draft_fn=draft_fn)))
             for engine, v, s in rows:
                 verdict = lossless_verdict(s, base)
@@ -129,6 +137,8 @@ def run_benchmark(
             "sweep": list(sweep),
             "policy_sweep": list(policy_sweep),
             "confidence_sweep": list(confidence_sweep),
+            "copy": copy,
+            "copy_sweep": copy_sweep,
             "temperature": sampling.temperature if sampling else 0.0,
             "top_p": sampling.top_p if sampling else 1.0,
             "seed": sampling.seed if sampling else None,
@@ -148,11 +158,13 @@ def run_benchmark(
 
 @dataclass(frozen=True)
 class Variant:
-    """One DFlash setting a benchmark runs: a block size and a policy (the fixed one's threshold)."""
+    """One DFlash setting a benchmark runs: a block size, a policy (the fixed one's threshold), and
+    whether proposals are also copied from the context."""
 
     block_size: int
     policy: str
     min_confidence: float
+    copy: bool = False
 
     def __post_init__(self):
         if self.policy == "adaptive":  # the threshold is the fixed policy's alone
@@ -161,13 +173,14 @@ class Variant:
     @property
     def label(self) -> str:
         knob = "" if self.policy == "adaptive" else f" {self.min_confidence:g}"
-        return f"{self.policy}{knob} B={self.block_size}"
+        return f"{self.policy}{knob} B={self.block_size}{' copy' if self.copy else ''}"
 
     def matches(self, run: dict) -> bool:
-        return (run["block_size"], run["policy"], run["min_confidence"]) == (
+        return (run["block_size"], run["policy"], run["min_confidence"], run.get("copy", False)) == (
             self.block_size,
             self.policy,
             self.min_confidence,
+            self.copy,
         )
 
 
@@ -189,6 +202,10 @@ def summarize(runs: list, main: Variant, sweeps: dict = None) -> dict:
             "tokens_per_cycle_mean": mean_tokens_per_cycle(rows),
             "plain_steps": sum(r["plain_steps"] for r in rows),
             "cycles": sum(r["cycles"] for r in rows),
+            "identical": all(r["identical"] for r in rows)
+            if rows and None not in (r["identical"] for r in rows)
+            else None,
+            **_by_source(rows),
             "engine_efficiency_median": _median([r["engine_efficiency"] for r in rows]),
             "allowed_speedup_median": _median(
                 [r["speedup"] / r["engine_efficiency"] for r in rows if r["speedup"] and r["engine_efficiency"]]
@@ -227,12 +244,35 @@ def summarize(runs: list, main: Variant, sweeps: dict = None) -> dict:
         out["oracle_tokens_per_cycle_median"] = _median([r["tokens_per_cycle"] for r in orc])
     for name, group in sweeps.items():  # each setting side by side with the main one
         if len(group) > 1:
-            key = {"sweep": "block_size", "policy_sweep": "policy", "confidence_sweep": "min_confidence"}[name]
+            key = {
+                "sweep": "block_size",
+                "policy_sweep": "policy",
+                "confidence_sweep": "min_confidence",
+                "copy_sweep": "copy",
+            }[name]
             out[name] = [
                 {key: getattr(v, key)} | medians([r for r in runs if r["engine"] == "dflash" and v.matches(r)])
                 for v in group
             ]
     return out
+
+
+def _by_source(rows: list) -> dict:
+    """Tokens per cycle by the proposals' source, over these runs: the draft's cycles, the
+    copies' (where the copy source was on), and how many cycles each took."""
+    copied = sum(r.get("copied_cycles", 0) for r in rows)
+    plain = sum(r["plain_steps"] for r in rows)
+    drafted = sum(r["cycles"] for r in rows) - plain - copied
+    drafted_tokens = sum(
+        r["tokens_per_drafted_cycle"] * (r["cycles"] - r["plain_steps"] - r.get("copied_cycles", 0)) for r in rows
+    )
+    copied_tokens = sum(r.get("tokens_per_copied_cycle", 0) * r.get("copied_cycles", 0) for r in rows)
+    return {
+        "drafted_cycles": drafted,
+        "tokens_per_drafted_cycle": drafted_tokens / drafted if drafted else None,
+        "copied_cycles": copied,
+        "tokens_per_copied_cycle": copied_tokens / copied if copied else None,
+    }
 
 
 def divergence_line(summary: dict) -> str:

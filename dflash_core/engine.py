@@ -7,6 +7,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
 
 from . import backend
+from .copy_source import CopySource
 from .draft import DraftContext, DraftModel
 from .events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent
 from .policy import AcceptancePredictor, CostModel, Policy, probe_costs
@@ -56,6 +57,7 @@ def dflash_generate(
     draft_vocab: tuple | None = None,
     plain_threads: int | None = None,
     prefix_cache: PrefixCache | None = None,
+    copy: bool = False,
 ) -> Iterator:
     """Yields one CycleEvent per cycle, then a RunSummary. `policy` "adaptive" lets the cost
     model decide each cycle between a plain target step and drafting, and how many proposals to
@@ -70,7 +72,9 @@ def dflash_generate(
     `plain_threads`: the BLAS threads plain steps run on (plain decoding's fastest, where measured:
     a plain step is plain decoding's step, which may prefer other threads than a drafted cycle).
     `prefix_cache`: prefill starts from the longest cached prefix of the prompt, and the run's
-    prompt and its end are snapshot there (dflash_core.prefix_cache)."""
+    prompt and its end are snapshot there (dflash_core.prefix_cache). `copy`: tokens copied from
+    the context (dflash_core.copy_source) go to the target instead of the draft's block where
+    they are expected to be accepted further; a long copy needs no draft forward."""
     B, mask_id = block_size, draft.config.mask_token_id
     head = target.draft_head(draft_vocab)
     profiles = {} if cost_profiles is None else cost_profiles
@@ -93,6 +97,7 @@ def dflash_generate(
     staged = sample(sampling.probabilities(first)) if sampling else mx.argmax(first).item()
     t0 = time.perf_counter()
     tokens, tally = [], CycleTally(B)
+    copies = CopySource(prompt_ids) if copy else None
     stop = None
 
     def record(**cycle) -> CycleEvent:
@@ -107,13 +112,20 @@ def dflash_generate(
         if stop is None and should_stop():
             stop = "cancelled"
         event = CycleEvent(cycle=tally.cycles, block_size=B, **cycle | {"committed": tokens[n_before:]})
-        rule.observe(event, event.cycle_ms / 1e3)
+        if event.source == "copy":  # the draft's and the cost model's statistics are the draft's own
+            copies.observe(event)
+        else:
+            rule.observe(event, event.cycle_ms / 1e3)
+        if copies:
+            copies.extend(event.committed)
         tally.add(event)
         return event
 
     while stop is None:
         t = time.perf_counter()
-        decision = rule.before_draft()
+        copied = copies.propose(staged, B - 1) if copies else None
+        long_copy = copied is not None and copies.is_long(copied)
+        decision = None if long_copy else rule.before_draft()
         if decision is not None:
             # plain steps, until the policy drafts again: no draft forward; the target checks the
             # staged token alone
@@ -134,27 +146,36 @@ def dflash_generate(
             ctx.extend([mx.concatenate(hs, axis=1) for hs in zip(*pending)])
             continue
 
-        # draft: one forward over [staged, MASK x (B-1)] proposes B-1 tokens
-        if draft_fn is None:
-            block = target.embed(mx.array([staged] + [mask_id] * (B - 1)))[None]
-            logits = head.logits(draft(block, ctx.kv, ctx.length)[:, 1:])[0]  # over the head's rows
-            if sampling:
-                q = sampling.probabilities(logits)
-                rows = mx.random.categorical(mx.log(q))
-                sure = mx.take_along_axis(q, rows[:, None], axis=-1)[:, 0]
-                q = head.spread(q)
+        # draft: one forward over [staged, MASK x (B-1)] proposes B-1 tokens (a long copy from the
+        # context needs none)
+        if not long_copy:
+            if draft_fn is None:
+                block = target.embed(mx.array([staged] + [mask_id] * (B - 1)))[None]
+                logits = head.logits(draft(block, ctx.kv, ctx.length)[:, 1:])[0]  # over the head's rows
+                if sampling:
+                    q = sampling.probabilities(logits)
+                    rows = mx.random.categorical(mx.log(q))
+                    sure = mx.take_along_axis(q, rows[:, None], axis=-1)[:, 0]
+                    q = head.spread(q)
+                else:
+                    rows, q = mx.argmax(logits, axis=-1), None
+                    sure = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
+                proposals = head.token_ids(rows)
             else:
-                rows, q = mx.argmax(logits, axis=-1), None
-                sure = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
-            proposals = head.token_ids(rows)
-        else:
-            drafted, q = draft_fn(prompt_ids + tokens + [staged], B), None
-            proposals, sure = mx.array(drafted), mx.ones(len(drafted))  # a deterministic draft is sure
-        if rule.reads_confidence:  # where a verified row costs time (a CPU), read the draft's confidence first
-            mx.eval(proposals, sure)
-            decision = rule.after_draft(sure.tolist())
-        else:  # where rows are cheap (a GPU), decide without it: the cycle then syncs with the host once
-            decision = rule.after_draft(None)
+                drafted, q = draft_fn(prompt_ids + tokens + [staged], B), None
+                proposals, sure = mx.array(drafted), mx.ones(len(drafted))  # a deterministic draft is sure
+            if rule.reads_confidence:  # where a verified row costs time (a CPU), read the draft's confidence first
+                mx.eval(proposals, sure)
+                decision = rule.after_draft(sure.tolist())
+            else:  # where rows are cheap (a GPU), decide without it: the cycle then syncs with the host once
+                decision = rule.after_draft(None)
+        choice = copies.replaces(copied, None if long_copy else decision) if copied else None
+        if choice is None:
+            copied = None
+        else:  # the copy is verified instead: a deterministic draft, sure of each token
+            proposals, q = mx.array(copied.tokens), None
+            sure = mx.full((len(copied.tokens),), copies.p_accept(copied))
+            decision = rule.copied(len(copied.tokens), *choice)
         # the last cycle verifies no more proposals than the budget has room for after the staged token
         verified = min(decision.verified, max_tokens - len(tokens) - 1)
         t_draft = time.perf_counter()
@@ -199,6 +220,8 @@ def dflash_generate(
             t=t_rollback - t0,
             decision=decision,
             draws=draws,
+            copied_from=copied.start if copied else None,
+            copy_match=copied.match if copied else 0,
         )
     if prefix_cache is not None:
         prefix_cache.store(target, ctx, prompt_ids + tokens)
@@ -223,6 +246,11 @@ def dflash_generate(
         verified_rows=tally.verified_rows,
         cycle_s=tally.cycle_s,
         acceptance_by_confidence=tally.by_confidence,
+        copy=copy,
+        copied_cycles=tally.copied_cycles,
+        copied_committed=tally.copied_committed,
+        copied_verified=tally.copied_verified,
+        copied_accepted=tally.copied_accepted,
     )
 
 

@@ -57,6 +57,16 @@ class CycleEvent:
     t: float  # seconds since decoding started (after prefill), when committed
     decision: Decision | None = None
     draws: Draws | None = None  # sampling only: p(d), q(d) and the uniform draw per examined proposal
+    # where `drafted` holds tokens copied from the context instead (dflash_core.copy_source): the
+    # prompt + output position of the first, which followed an earlier occurrence of the last
+    # `copy_match` tokens; None: the draft proposed them (its confidence: the copy's acceptance rate)
+    copied_from: int | None = None
+    copy_match: int = 0
+
+    @property
+    def source(self) -> str:
+        """Where the proposals came from: "draft", "copy", or "plain" (a plain step has none)."""
+        return "plain" if self.plain_step else "draft" if self.copied_from is None else "copy"
 
     @property
     def plain_step(self) -> bool:
@@ -91,6 +101,12 @@ class CycleTally:
     verified_rows: list = None  # v = 0..B-1: cycles that verified v proposals (plain steps at 0)
     cycle_s: float = 0.0  # the cycles' measured draft + verify + rollback time
     by_confidence: list = None  # per confidence bin: [accepted, verified up to the first rejection]
+    # cycles that verified a copy from the context: their count, committed tokens, verified and
+    # accepted copied tokens (the drafted figures above count the draft's proposals only)
+    copied_cycles: int = 0
+    copied_committed: int = 0
+    copied_verified: int = 0
+    copied_accepted: int = 0
 
     def __post_init__(self):
         if self.by_confidence is None:
@@ -103,13 +119,19 @@ class CycleTally:
     def add(self, ev: CycleEvent) -> "CycleTally":
         self.cycles += 1
         self.committed_tokens += len(ev.committed)
+        self.cycle_s += ev.cycle_ms / 1e3
+        if ev.source == "copy":
+            self.copied_cycles += 1
+            self.copied_committed += len(ev.committed)
+            self.copied_verified += ev.verified
+            self.copied_accepted += ev.accepted_len
+            return self
         self.drafted_tokens += ev.verified
         self.accepted_tokens += ev.accepted_len
         for k in range(ev.accepted_len):
             self.accepted_per_position[k] += 1
         self.plain_steps += ev.plain_step
         self.verified_rows[ev.verified] += 1
-        self.cycle_s += ev.cycle_ms / 1e3
         for b, accepted in confidence_outcomes(ev):
             self.by_confidence[b][0] += accepted
             self.by_confidence[b][1] += 1
@@ -133,13 +155,22 @@ class CycleTally:
 
     @property
     def drafted_cycles(self) -> int:
-        return self.cycles - self.plain_steps
+        return self.cycles - self.plain_steps - self.copied_cycles
 
     @property
     def tokens_per_drafted_cycle(self) -> float:
         """What a drafted cycle commits (plain steps commit one each)."""
         n = self.drafted_cycles
-        return (self.committed_tokens - self.plain_steps) / n if n else 0.0
+        return (self.committed_tokens - self.plain_steps - self.copied_committed) / n if n else 0.0
+
+    @property
+    def tokens_per_copied_cycle(self) -> float:
+        """What a cycle that verified a copy from the context commits."""
+        return self.copied_committed / self.copied_cycles if self.copied_cycles else 0.0
+
+    @property
+    def copy_acceptance_rate(self) -> float:
+        return self.copied_accepted / self.copied_verified if self.copied_verified else 0.0
 
     @property
     def acceptance_by_position(self) -> list:
@@ -179,6 +210,11 @@ class RunSummary:
     cycle_s: float = 0.0  # measured draft + verify + rollback time, summed over cycles
     acceptance_by_confidence: list = field(default_factory=list)  # per confidence bin: [accepted, verified]
     cached_prompt_tokens: int = 0  # prompt tokens restored from a prefix snapshot, not prefilled
+    copy: bool = False  # proposals were also copied from the context (dflash_core.copy_source)
+    copied_cycles: int = 0  # as CycleTally's
+    copied_committed: int = 0
+    copied_verified: int = 0
+    copied_accepted: int = 0
 
     @property
     def generated(self) -> int:
@@ -202,6 +238,10 @@ class RunSummary:
             self.plain_steps,
             self.verified_rows,
             self.cycle_s,
+            copied_cycles=self.copied_cycles,
+            copied_committed=self.copied_committed,
+            copied_verified=self.copied_verified,
+            copied_accepted=self.copied_accepted,
         )
 
     @property
@@ -247,7 +287,15 @@ class RunSummary:
                 # over the speedup the measured tokens per cycle and costs allow
                 engine_efficiency=round(self.cycle_s / self.decode_s, 4) if self.decode_s > 0 else None,
                 acceptance_by_confidence=self.acceptance_by_confidence,
+                copy=self.copy,
             )
+            if self.copy:  # tokens per cycle by the proposals' source
+                tally = self.tally
+                out.update(
+                    copied_cycles=self.copied_cycles,
+                    tokens_per_copied_cycle=round(tally.tokens_per_copied_cycle, 3),
+                    copy_acceptance_rate=round(tally.copy_acceptance_rate, 4),
+                )
         return out
 
 

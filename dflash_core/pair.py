@@ -117,6 +117,7 @@ class Pair:
         min_confidence=None,
         sampling=None,
         policy=None,
+        copy=False,
     ):
         """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread.
         policy None: policy.default_policy; the fixed policy's min_confidence None: the backend's
@@ -145,6 +146,7 @@ class Pair:
                 draft_vocab=self.draft_vocab,
                 plain_threads=self.blas_threads.get("baseline"),
                 prefix_cache=self.prefix_cache,
+                copy=copy,
             ),
         )
 

@@ -304,6 +304,13 @@ class Policy:
             reason = f"fixed policy (min confidence {self.min_confidence:g}): verify {v} of {self.B - 1}, {why}"
         return Decision(v, False, tokens, steps, plain_s * 1e3, reason)
 
+    def copied(self, verified: int, expected_tokens: float, reason: str) -> Decision:
+        """The Decision of a cycle that verifies `verified` tokens copied from the context instead
+        of the draft's proposals (dflash_core.copy_source); its cost is the verify alone."""
+        plain_s = self.costs.plain_s()
+        verify_s = self.costs.profile.verify_s[verified] * self.costs._scale("drafted")
+        return Decision(verified, False, expected_tokens, verify_s / plain_s, plain_s * 1e3, reason)
+
     def observe(self, ev: CycleEvent, seconds: float):
         """A finished cycle: its timing and outcome update the models."""
         plain = ev.decision.plain_step

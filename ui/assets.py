@@ -24,6 +24,9 @@ CSS = """
 .dark .tok-rejected { color: rgba(251, 113, 133, 0.95); }
 .tok-unverified { color: rgba(128, 128, 128, 0.9); text-decoration: line-through dotted; font-size: 0.86em;
   opacity: 0.7; }
+/* proposals copied from the context (the copy source) rather than drafted */
+.tok-copied { box-shadow: inset 0 -2px 0 rgba(217, 119, 6, 0.9); }
+.tok-accepted.tok-copied { background: rgba(245, 158, 11, 0.28); }
 .tok-blank { outline: 1px dotted rgba(128, 128, 128, 0.45); }
 .tok-more { font-size: 0.75em; opacity: 0.6; padding: 0 3px; }
 .cycle { border-right: 1px solid rgba(128, 128, 128, 0.35); padding-right: 1px; margin-right: 1px; }

@@ -79,6 +79,10 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
     bonus = _bonus(ev)
     head = f"cycle {ev.cycle}"
     tail = f"accepted {a}/{v}" + (" (all: bonus token next)" if bonus else "")
+    # proposals copied from the context rather than drafted: their own colour and words
+    copied, kind_of = (" tok-copied", "copied") if ev.source == "copy" else ("", "draft")
+    if copied:
+        tail += f" · {_copy_words(ev)}"
     if v < len(ev.drafted):
         tail += f" · {len(ev.drafted) - v} unsure proposals not verified"
     out = []
@@ -87,8 +91,8 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
             tip = f"{head} · block position 0 · staged token (target's own choice) · {tail}"
             out.append(_token_span(text, "tok-target", tip))
         else:
-            tip = f"{head} · block position {k} · accepted draft token{_draw_tip(ev, k - 1)} · {tail}"
-            out.append(_token_span(text, "tok-accepted", tip))
+            tip = f"{head} · block position {k} · accepted {kind_of} token{_draw_tip(ev, k - 1)} · {tail}"
+            out.append(_token_span(text, "tok-accepted" + copied, tip))
     if len(pieces) == a + 1:  # not cut short by EOS / max tokens
         rejected = ev.drafted[a:]
         shown = rejected if max_rejected is None else rejected[:max_rejected]
@@ -107,8 +111,8 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
                     )
                 else:
                     why = f"target wanted {draft_text(ev.posterior[a])!r}"
-            tip = f"{head} · block position {k} · {kind} draft token ({why}) · {tail}"
-            out.append(_token_span(draft_text(tok), f"tok-{kind}", tip, inline=True))
+            tip = f"{head} · block position {k} · {kind} {kind_of} token ({why}) · {tail}"
+            out.append(_token_span(draft_text(tok), f"tok-{kind}{copied}", tip, inline=True))
         if len(shown) < len(rejected):
             more = len(rejected) - len(shown)
             out.append(
@@ -116,6 +120,14 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
             )
     cls = "cycle cycle-bonus" if bonus else "cycle"
     return f'<span class="{cls}" data-cycle="{ev.cycle}">{"".join(out)}</span>'
+
+
+def _copy_words(ev: CycleEvent) -> str:
+    """Where a copied cycle's proposals came from."""
+    return (
+        f"copied from context position {ev.copied_from} (prompt + output), where the last "
+        f"{ev.copy_match} tokens occurred before"
+    )
 
 
 def _bonus(ev: CycleEvent) -> bool:
@@ -172,6 +184,7 @@ LEGEND = (
     '<span class="tok tok-target">staged</span> the target\'s own token, one per cycle'
     '<span class="tok tok-accepted">accepted</span> draft tokens the target agreed with'
     '<span class="tok tok-rejected">rejected</span> draft tokens after the first disagreement'
+    '<span class="tok tok-accepted tok-copied">copied</span> proposals copied from the context (--copy)'
     '<span class="cycle plain-step"><span class="tok tok-target tok-plain">plain step</span></span> '
     "the policy skipped the draft: the target decoded one token by itself</div>"
     '<div class="muted"><span class="ws">↵</span> newline · <span class="ws">␣</span> space in a draft · '
@@ -350,15 +363,18 @@ def inspector_html(
         + "".join(cell(ev.posterior[k], "acc" if k < a else ("fix" if k == a else "")) for k in range(v))
         + unchecked
     )
-    rows = [("block into the draft", block), ("draft proposes", drafted)]
+    copied = ev.source == "copy"
+    rows = [("block into the draft", block), ("copied from the context" if copied else "draft proposes", drafted)]
     if ev.confidence:
-        rows.append(("draft confidence", "<td></td>" + "".join(f"<td>{c:.2f}</td>" for c in ev.confidence)))
+        label = "copies accepted (rate)" if copied else "draft confidence"
+        rows.append((label, "<td></td>" + "".join(f"<td>{c:.2f}</td>" for c in ev.confidence)))
     rows += _sampling_rows(ev, unchecked) if ev.draws else _greedy_rows(ev, wanted, unchecked)
     table = "".join(f"<tr><th class='rowh'>{esc(n)}</th>{r}</tr>" for n, r in rows)
     unsure = "unsure proposals" if policy != "adaptive" else "proposals"
     facts = (
         f"<div><span class='k'>accepted length</span> <b>{a}</b> of {v} verified"
         f"{f' ({B - 1 - v} {unsure} not verified)' if v < B - 1 else ''}</div>"
+        + (f"<div><span class='k'>proposals</span> {esc(_copy_words(ev))}</div>" if copied else "")
         + _outcome_facts(ev, token_text, hybrid)
         + _decision_facts(ev)
     )
@@ -522,9 +538,14 @@ def explain(ev: CycleEvent, token_text, policy: str = None) -> str:
     read = _read_words(ev, policy)
     if ev.draws:
         return _explain_sampled(ev, q, read)
+    proposed = (
+        f"Its last {ev.copy_match} tokens had occurred before in the prompt or output, so the "
+        f"{len(ev.drafted)} tokens that followed them there (from position {ev.copied_from}) were copied as the guesses."
+        if ev.source == "copy"
+        else f"The draft saw it followed by {B - 1} MASK slots and filled all {B - 1} in one forward pass."
+    )
     s = [
-        f"The target had already chosen {q(ev.staged_token)} (the staged token). "
-        f"The draft saw it followed by {B - 1} MASK slots and filled all {B - 1} in one forward pass.",
+        f"The target had already chosen {q(ev.staged_token)} (the staged token). {proposed}",
         f"{read} said, at every position, which token it would pick itself."
         if v
         else f"{read} said which token it would pick next.",

@@ -12,6 +12,7 @@ from ..policy import POLICIES
 from .common import (
     add_block_size_args,
     add_chat_template_args,
+    add_copy_args,
     add_pair_args,
     add_policy_args,
     add_sampling_args,
@@ -35,6 +36,12 @@ def add_parser(sub):
     add_block_size_args(p)
     add_chat_template_args(p)
     add_policy_args(p)
+    add_copy_args(p)
+    p.add_argument(
+        "--copy-sweep",
+        action="store_true",
+        help="also run DFlash with the copy source the other way (--copy or not) side by side",
+    )
     add_sampling_args(p)
     p.add_argument(
         "--oracle",
@@ -118,6 +125,8 @@ def run(args) -> int:
         confidence_sweep=levels,
         sampling=sampling,
         template_args=args.chat_template_args,
+        copy=args.copy,
+        copy_sweep=args.copy_sweep,
     )
     res["config"]["group"] = distributed.describe()  # the processes the target was split across
     if args.save and distributed.primary():

@@ -140,6 +140,17 @@ def add_policy_args(p):
     )
 
 
+def add_copy_args(p):
+    p.add_argument(
+        "--copy",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also copy proposals from the context (prompt lookup): where the last 2-6 tokens occurred "
+        "before in prompt + output, the tokens that followed go to the target instead of the draft's "
+        "block when they are expected to be accepted further (default: off)",
+    )
+
+
 def policy_of(args) -> str | None:
     """The policy the flags ask for; None: the engine's default (policy.default_policy)."""
     if args.policy == "adaptive" and args.min_confidence is not None:

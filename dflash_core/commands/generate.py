@@ -12,6 +12,7 @@ from ..tokenizer import TextStream
 from .common import (
     add_block_size_args,
     add_chat_template_args,
+    add_copy_args,
     add_pair_args,
     add_policy_args,
     add_sampling_args,
@@ -33,6 +34,7 @@ def add_parser(sub):
     p.add_argument("--max-tokens", "-m", type=whole_number, default=256, help="most tokens to generate (default 256)")
     add_block_size_args(p)
     add_policy_args(p)
+    add_copy_args(p)
     add_sampling_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument(
@@ -72,6 +74,7 @@ def run(args) -> int:
         min_confidence=args.min_confidence,
         sampling=sampling,
         policy=policy_of(args),
+        copy=args.copy,
     ):
         if isinstance(ev, CycleEvent) and not args.json:
             print(stream.add(ev.committed), end="", flush=True)

@@ -1,0 +1,147 @@
+"""The copy source (prompt lookup): its n-gram index, and lossless runs whose proposals it copies."""
+
+import pytest
+from code_prompts import PROMPTS
+
+from dflash_core.copy_source import MAX_MATCH, CopySource
+from dflash_core.events import CycleEvent, RunSummary
+
+
+def run(gen):
+    events = list(gen)
+    assert isinstance(events[-1], RunSummary)
+    return events[:-1], events[-1]
+
+
+def test_copy_follows_the_latest_occurrence_of_the_longest_match():
+    #          0  1  2  3  4  5  6  7  8  9
+    context = [1, 2, 3, 4, 5, 9, 3, 4, 7, 8]
+    src = CopySource(context)
+    # the last tokens [.., 8] + staged 3: "8 3" never occurred; "3" alone is below the minimum match
+    assert src.propose(3, 4) is None
+    src.extend([3])  # now context ends "... 7 8 3", staged 4: "3 4" occurred at 2 and at 6
+    copy = src.propose(4, 3)
+    assert (copy.start, copy.match, copy.tokens) == (8, 2, [7, 8, 3])  # the latest one, at 6-7
+    # a longer match wins over a more recent shorter one: "1 2 3 4" (at 0) is followed by 5
+    src = CopySource([1, 2, 3, 4, 5, 6, 0, 3, 4, 8, 0, 1, 2, 3])
+    copy = src.propose(4, 2)
+    assert (copy.start, copy.match, copy.tokens) == (4, 4, [5, 6])
+
+
+def test_matches_are_capped_at_the_longest_n_gram():
+    src = CopySource(list(range(20)) + list(range(10)))
+    copy = src.propose(10, 3)
+    assert (copy.start, copy.match, copy.tokens) == (11, MAX_MATCH, [11, 12, 13])
+
+
+def test_a_copy_reaching_the_present_repeats_its_own_tokens():
+    src = CopySource([5, 6, 7, 5, 6])  # staged 7: "5 6 7" seen at 0, followed by 5 6 (then the present)
+    copy = src.propose(7, 7)
+    assert copy.start == 3 and copy.tokens == [5, 6, 7, 5, 6, 7, 5]
+
+
+def test_the_index_grows_as_tokens_commit():
+    src = CopySource([1, 2])
+    assert src.propose(3, 2) is None
+    src.extend([3, 4, 1, 2])
+    copy = src.propose(3, 2)
+    assert (copy.start, copy.tokens) == (3, [4, 1])
+    # each n-gram followed by a committed token is indexed once (its latest occurrence)
+    assert len(src.index[2]) == len({tuple(src.context[i : i + 2]) for i in range(len(src.context) - 2)})
+
+
+def _copied_cycle(copy, accepted: int) -> CycleEvent:
+    fields = dict(staged_token=0, confidence=[], posterior=[], committed=[0], next_staged=0, kv_trimmed=0)
+    fields |= dict(gdn_replayed=0, draft_ms=0.0, verify_ms=0.0, rollback_ms=0.0, t=0.0)
+    return CycleEvent(
+        cycle=0,
+        block_size=len(copy.tokens) + 1,
+        drafted=copy.tokens,
+        verified=len(copy.tokens),
+        accepted_len=accepted,
+        copied_from=copy.start,
+        copy_match=copy.match,
+        **fields,
+    )
+
+
+def test_acceptance_per_match_length_and_the_long_copy_rule():
+    src = CopySource([1, 2, 3, 4, 9, 1, 2, 3])
+    copy = src.propose(4, 7)
+    assert copy.match == 4 and src.is_long(copy)  # a 4-token match starts trusted
+    before = src.p_accept(copy)
+    for _ in range(10):  # copies after 4-token matches keep failing at once
+        src.observe(_copied_cycle(copy, accepted=0))
+    assert src.p_accept(copy) < before / 2 and not src.is_long(copy)
+    assert src.replaces(copy, None) is not None  # the caller decides when no draft ran
+
+
+ATTENTION, GATED_DELTA_NET = "qwen3", "qwen3_5"
+
+
+def repeating_prompts(pair) -> list:
+    """Prompts that repeat themselves: an opening, the target's own continuation of it, and the
+    opening again, so that the last tokens have occurred before and copies are proposed."""
+    out = []
+    for prompt in PROMPTS[:2]:
+        opening = pair.encode(prompt, chat_template=False)
+        _, base = run(pair.baseline(opening, 30))
+        out.append(opening + base.tokens + opening)
+    return out
+
+
+@pytest.mark.parametrize("family", [ATTENTION, GATED_DELTA_NET])
+@pytest.mark.parametrize("policy", ["adaptive", "fixed"])
+def test_copied_proposals_are_lossless(random_pairs, family, policy):
+    pair = random_pairs[family]
+    copied = 0
+    for ids in repeating_prompts(pair):
+        _, base = run(pair.baseline(ids, 60))
+        cycles, summary = run(pair.dflash(ids, 60, 8, policy=policy, min_confidence=0.0, copy=True))
+        assert summary.tokens == base.tokens
+        assert [t for ev in cycles for t in ev.committed] == summary.tokens
+        done = len(ids)  # context tokens before the cycle's staged one
+        for ev in cycles:
+            assert ev.source in ("draft", "copy", "plain")
+            if ev.source == "copy":
+                copied += 1
+                # the proposals are the context's tokens from the copy's start (repeating past the present)
+                seen = (ids + summary.tokens)[:done] + [ev.staged_token]
+                expect = []
+                for j in range(ev.copied_from, ev.copied_from + len(ev.drafted)):
+                    expect.append(seen[j] if j < len(seen) else expect[j - len(seen)])
+                assert ev.drafted == expect and ev.copy_match >= 2
+                assert ev.decision.reason.startswith("copy ")
+            else:
+                assert ev.copied_from is None and ev.copy_match == 0
+            done += len(ev.committed)
+        assert summary.copied_cycles == sum(ev.source == "copy" for ev in cycles)
+        assert summary.tally.drafted_cycles + summary.copied_cycles + summary.plain_steps == summary.cycles
+        stats = summary.stats()
+        assert stats["copy"] is True and stats["copied_cycles"] == summary.copied_cycles
+    assert copied > 0  # the copy source proposed in some cycles
+
+
+def test_without_copy_no_cycle_is_copied(random_pairs):
+    pair = random_pairs[ATTENTION]
+    ids = repeating_prompts(pair)[0]
+    cycles, summary = run(pair.dflash(ids, 30, 8, policy="fixed", min_confidence=0.0))
+    assert all(ev.copied_from is None for ev in cycles) and summary.copied_cycles == 0
+    assert "copied_cycles" not in summary.stats()
+
+
+def test_the_pane_colours_copied_proposals_and_the_inspector_says_where_from(random_pairs):
+    from ui.render import cycle_spans, inspector_html
+
+    pair = random_pairs[ATTENTION]
+    ids = repeating_prompts(pair)[0]
+    cycles, _ = run(pair.dflash(ids, 30, 8, policy="fixed", min_confidence=0.0, copy=True))
+    copied = next(ev for ev in cycles if ev.source == "copy")
+    drafted = next(ev for ev in cycles if ev.source == "draft")
+    text = lambda tok: f"<{tok}>"  # noqa: E731  (escaped like any model text)
+    html = cycle_spans(copied, [text(t) for t in copied.committed], text)
+    assert "tok-copied" in html and "<" not in html.replace("<span", "").replace("</span", "")
+    assert f"copied from context position {copied.copied_from}" in html
+    assert "tok-copied" not in cycle_spans(drafted, [text(t) for t in drafted.committed], text)
+    inspector = inspector_html(copied, text)
+    assert "copied from the context" in inspector and f"position {copied.copied_from}" in inspector
