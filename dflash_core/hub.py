@@ -191,7 +191,7 @@ class RepoSize:
             return "size unknown offline" if offline() else "size unknown (the hub did not answer)"
         if self.source == "cache":
             return f"{gb(self.total)} in the cache"
-        if self.to_download < self.total:
+        if gb(self.to_download) != gb(self.total):  # not for the configs read before it: a few kB
             return f"{gb(self.total)} ({gb(self.to_download)} to download)"
         return gb(self.total)
 

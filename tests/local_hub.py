@@ -47,7 +47,8 @@ class HubRepo:
 
 @dataclass
 class Fault:
-    """What to do to requests for a repository (file None: any of its requests)."""
+    """What to do to requests for a repository (file None: any of its requests; an LFS file's: its
+    download from the CDN, not the hub's answer about it)."""
 
     kind: str  # "500", "hang", "cut" (close the CDN body half way) or "slow" (a CDN body in 20 pieces over `seconds`)
     file: str | None = None
@@ -259,7 +260,9 @@ class _HubHandler(_Handler):
         return entry
 
     def _resolve(self, repo: str, revision: str, file: str):
-        if self._apply(repo, file, ("500", "hang")):
+        served = self.hub.repos.get(repo)
+        lfs = served is not None and file in served.files and served.files[file].lfs
+        if self._apply(repo, None if lfs else file, ("500", "hang")):  # an LFS file's own faults: on the CDN
             return
         r = self._repo(repo)
         if r is None or not self._revision(r, revision):

@@ -7,11 +7,15 @@ downloaded. No internet: every request goes to 127.0.0.1."""
 
 import json
 import os
+import shlex
+import subprocess
+import sys
 import time
 import urllib.request
 
 import pytest
 from cli_run import REPO, dflash_cli
+from huggingface_hub import constants
 from local_hub import LocalHub
 from ui_pair import free_port
 
@@ -33,7 +37,8 @@ def models(tmp_path_factory):
     """Random model directories: a qwen3 and a llama pair, and a draft for a wider qwen3."""
     root = tmp_path_factory.mktemp("endpoint-models")
     qwen = write_target(root / "qwen3", "qwen3", seed=21, model_vocab=8192)  # a few MB: sizes above 0 MB
-    llama = write_target(root / "llama", "llama", seed=22)
+    # weights of 25 MB: huggingface-hub writes a download in 10 MB chunks, and resumes from the last one
+    llama = write_target(root / "llama", "llama", seed=22, model_vocab=49152)
     wide = write_target(root / "wide", "qwen3", seed=23, hidden=96, head_dim=24)
     return {
         QWEN_TARGET: qwen,
@@ -137,8 +142,9 @@ def test_a_registry_pair_downloads_configs_first_shows_sizes_and_progress_and_ru
     assert lines.index(f"downloading the draft {QWEN_DRAFT} ...") < lines.index(
         f"downloading the target {QWEN_TARGET} ..."
     )
-    assert any(line.startswith("Fetching ") and "files" in line for line in lines)  # the hub's own progress bars
-    assert any("Download complete" in line for line in lines)
+    # the hub's own progress bars, per file fetched, up to all of them
+    assert any(line.startswith("Fetching 4 files:   0%") for line in lines)
+    assert any(line.startswith("Fetching 4 files: 100%") for line in lines)
     # in order: both configs (one HEAD to look, then hf_hub_download's HEAD + GET), then the draft's
     # snapshot and weights, then the target's
     order = [(m, path) for m, path, _ in hub.requests]
@@ -159,7 +165,7 @@ def test_a_registry_pair_downloads_configs_first_shows_sizes_and_progress_and_ru
 @pytest.mark.slow
 def test_a_download_cut_half_way_resumes_with_a_range_request(hub, env, models):
     """The llama pair; the target's weights drop after half the bytes: huggingface-hub asks the
-    CDN again from where it stopped (Range), and the pair runs lossless on the joined file."""
+    CDN again from the last chunk it wrote (Range), and the pair runs lossless on the joined file."""
     hub.fault(LLAMA_TARGET, "cut", file=WEIGHTS, times=1)
     run = dflash(
         "generate",
@@ -178,7 +184,8 @@ def test_a_download_cut_half_way_resumes_with_a_range_request(hub, env, models):
     assert json.loads(run.stdout)["identical"] is True
     blob = hub.repos[LLAMA_TARGET].files[WEIGHTS]
     gets = [rng for m, path, rng in hub.requested(LLAMA_TARGET, "GET") if path == f"/repos/{blob.sha256}"]
-    assert gets == [None, f"bytes={len(blob.data) // 2}-"]  # the whole file, then its second half
+    written = len(blob.data) // 2 // constants.DOWNLOAD_CHUNK_SIZE * constants.DOWNLOAD_CHUNK_SIZE
+    assert written > 0 and gets == [None, f"bytes={written}-"]  # the whole file, then from its last written chunk
     assert "Trying to resume download" in run.stderr
 
 
@@ -213,9 +220,8 @@ def test_a_partial_cache_offline_is_one_line_and_completes_online(hub, env, mode
     assert done.returncode == 0 and json.loads(done.stdout)["identical"] is True, done.stderr
     assert len(hub.requested(QWEN_DRAFT, "GET")) == draft_gets  # the draft was not fetched again
     assert (
-        said(done)[0]
-        == f"to download: the target {QWEN_TARGET}: {gb(listed_size(models, QWEN_TARGET))} ({gb(len(hub.repos[QWEN_TARGET].files[WEIGHTS].data))} to download)"
-    )
+        said(done)[0] == f"to download: the target {QWEN_TARGET}: {gb(listed_size(models, QWEN_TARGET))}"
+    )  # the draft is in
 
 
 # --- one line per failure --------------------------------------------------------------
@@ -305,8 +311,6 @@ def test_the_readmes_mac_commands_run_against_the_hub(hub, env):
     generate = [c for c in commands if c.startswith("dflash generate")]
     assert "dflash doctor" in commands and "dflash models" in commands and len(generate) == 2
     for command in ["dflash doctor", "dflash models", *generate]:
-        import shlex
-
         args = shlex.split(command)[1:] + (["--max-tokens", "12"] if command.startswith("dflash generate") else [])
         run = dflash(*args, env=env)
         assert run.returncode == 0, (command, run.stderr)
@@ -318,9 +322,6 @@ def test_the_readmes_mac_commands_run_against_the_hub(hub, env):
 # --- the server ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_serve_downloads_a_hub_pair_and_answers_as_plain_decoding(hub, env):
-    import subprocess
-    import sys
-
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "dflash_core", "serve", "--model", QWEN_TARGET, "--port", str(port), "--no-playground"],
