@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from cli_run import REPO, dflash_cli
@@ -355,3 +356,65 @@ def test_serve_downloads_a_hub_pair_and_answers_as_plain_decoding(hub, env):
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert f"to download: the draft {QWEN_DRAFT}" in err
+
+
+# --- the playground --------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_playground_downloads_a_hub_pair_with_sizes_and_progress_and_shows_hub_errors(hub, env):
+    """`dflash-playground --allow-downloads` in headless Chromium: a registry pair shows its sizes
+    and the Download button, downloads with the hub's progress on the page, then loads; a gated
+    and a missing repository are the page's error panel."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from dflash_core.ui import headless
+
+    hub.repos[LLAMA_TARGET].gated = True  # the mlx-community conversion, gated here for the test
+    hub.fault(QWEN_TARGET, "slow", file=WEIGHTS, seconds=6)  # a download long enough to watch
+    port = free_port()
+    proc = subprocess.Popen(
+        [Path(sys.executable).parent / "dflash-playground", "--model", "stdlib-hybrid", "--allow-downloads"]
+        + ["--port", str(port), "--no-browser"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "no page"
+            try:
+                urllib.request.urlopen(url, timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        with sync_playwright() as p:
+            browser = headless.launch(p)
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.goto(url)
+            info, error = page.locator("#model-info"), page.locator("#model-info .error-panel")
+
+            def pick(label):
+                page.locator("#model input").click()
+                page.get_by_role("option", name=label).click()
+
+            pick("Qwen3-4B · 4-bit MLX (hub download)")
+            expect(info).to_contain_text(f"{QWEN_TARGET} + {QWEN_DRAFT} is not downloaded yet", timeout=60_000)
+            expect(info).to_contain_text(f"the target {QWEN_TARGET}: 5 MB")  # sizes before the download
+            assert resolved_files(hub, QWEN_TARGET) == ["config.json"]  # its listing and config, no weights
+            assert not [path for _, path, _ in hub.requested(QWEN_TARGET) if path.startswith("/repos/")]
+            page.locator("#download").click()
+            expect(page.get_by_text(f"downloading the target {QWEN_TARGET}")).to_be_visible(timeout=60_000)
+            expect(info).to_contain_text(f"{QWEN_TARGET} + {QWEN_DRAFT}: target 4 layers", timeout=120_000)
+            expect(page.locator("#download")).to_be_hidden()
+
+            pick("Llama-3.1-8B-Instruct · 4-bit MLX (hub download)")
+            expect(error).to_contain_text(f"target '{LLAMA_TARGET}' is gated", timeout=60_000)
+            pick("Qwen3-8B · 4-bit MLX (hub download)")
+            expect(error).to_contain_text("is not on the Hugging Face hub", timeout=60_000)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
