@@ -32,6 +32,8 @@ WIDE_DRAFT = DRAFTS["Qwen3-8B"]  # served made for a wider target than QWEN_TARG
 WEIGHTS = "model.safetensors"
 PROMPT = "def parse(line):"
 
+pytestmark = pytest.mark.slow  # each test launches the command line, the server or a browser
+
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
@@ -120,7 +122,6 @@ def test_a_hub_where_nothing_listens_is_one_line_within_30_s(tmp_path, args):
 
 
 # --- downloads -------------------------------------------------------------------------
-@pytest.mark.slow
 def test_a_registry_pair_downloads_configs_first_shows_sizes_and_progress_and_runs_lossless(hub, env, models):
     run = dflash(
         "generate",
@@ -163,7 +164,6 @@ def test_a_registry_pair_downloads_configs_first_shows_sizes_and_progress_and_ru
     assert not any(line.startswith("to download") for line in said(again))
 
 
-@pytest.mark.slow
 def test_a_download_cut_half_way_resumes_with_a_range_request(hub, env, models):
     """The llama pair; the target's weights drop after half the bytes: huggingface-hub asks the
     CDN again from the last chunk it wrote (Range), and the pair runs lossless on the joined file."""
@@ -190,7 +190,6 @@ def test_a_download_cut_half_way_resumes_with_a_range_request(hub, env, models):
     assert "Trying to resume download" in run.stderr
 
 
-@pytest.mark.slow
 def test_a_partial_cache_offline_is_one_line_and_completes_online(hub, env, models):
     """The target's weights fail (500 from the CDN) after the draft is in: one line; offline the
     partial cache is one line naming `hf download`; online again it completes from where it was."""
@@ -302,7 +301,6 @@ def test_models_lists_the_hubs_sizes_without_downloading(hub, env, models):
 
 
 # --- the README's "On your Mac" commands -------------------------------------------------
-@pytest.mark.slow
 def test_the_readmes_mac_commands_run_against_the_hub(hub, env):
     """doctor, models, generate --compare-baseline, generate with thinking on and a 4-bit draft
     (the README's own lines, the registry pair its names)."""
@@ -321,7 +319,6 @@ def test_the_readmes_mac_commands_run_against_the_hub(hub, env):
 
 
 # --- the server ------------------------------------------------------------------------
-@pytest.mark.slow
 def test_serve_downloads_a_hub_pair_and_answers_as_plain_decoding(hub, env):
     port = free_port()
     proc = subprocess.Popen(
@@ -359,7 +356,6 @@ def test_serve_downloads_a_hub_pair_and_answers_as_plain_decoding(hub, env):
 
 
 # --- the playground --------------------------------------------------------------------
-@pytest.mark.slow
 def test_the_playground_downloads_a_hub_pair_with_sizes_and_progress_and_shows_hub_errors(hub, env):
     """`dflash-playground --allow-downloads` in headless Chromium: a registry pair shows its sizes
     and the Download button, downloads with the hub's progress on the page, then loads; a gated
