@@ -231,6 +231,11 @@ class Policy:
         self.plain_streak = 0
         self.probe_wait = 1
         self.target_sure = deque(maxlen=TARGET_WINDOW)  # the target's probability of its last plain tokens
+        # whether the target's confidence may call a probe early: not after an early probe failed,
+        # until drafting pays again (a target sure of a repeated phrase the draft still misses,
+        # as on a long pasted source beyond the contexts the draft was trained on, would otherwise
+        # call a failing probe every few tokens)
+        self.early_probes = True
 
     @property
     def adaptive(self) -> bool:
@@ -268,7 +273,7 @@ class Policy:
         proposal is accepted, a drafted cycle would pay for itself."""
         if self.plain_streak + 1 >= self.probe_wait:
             return False
-        if len(self.target_sure) < self.target_sure.maxlen:
+        if not self.early_probes or len(self.target_sure) < self.target_sure.maxlen:
             return True
         sure = sum(self.target_sure) / len(self.target_sure)
         v = self.B - 1
@@ -325,6 +330,8 @@ class Policy:
         self.drafted.append((tokens, seconds))
         if was_probe:  # a failed probe waits twice as long for the next; a good one ends the streak
             paid = self._drafting_rate() >= 1 / self.costs.plain_s()
+            early = self.plain_streak < self.probe_wait
             self.probe_wait = 1 if paid else min(2 * self.probe_wait, MAX_PROBE_WAIT)
+            self.early_probes = paid or (self.early_probes and not early)
         self.plain_streak = 0
         self.target_sure.clear()

@@ -141,6 +141,13 @@ def test_a_sure_target_calls_the_probe_early():
     # cost): once TARGET_WINDOW of them are seen, the streak ends, the last step in flight
     assert _plain_streak(pol, plain, target_sure=0.95) == TARGET_WINDOW + 1
     assert pol.before_draft() is None
+    # the early probe fails (a repeated phrase the target is sure of, the draft still misses):
+    # the target's confidence calls no more early probes; the next waits its doubled interval
+    pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
+    plain = pol.before_draft()
+    assert plain.plain_step and _plain_streak(pol, plain, target_sure=0.95) == 64
+    pol.observe(_cycle([0.99] * 7, 7, 7), 0.1)  # this probe lifts drafting's rate to plain's: early probes are back
+    assert pol.before_draft() is None and pol.early_probes
 
 
 def _plain(decision, target_sure: float = 0.3) -> CycleEvent:
