@@ -23,7 +23,9 @@ def test_confidence_sweep_runs_side_by_side_and_keeps_the_main_figures_apart(ran
     main = [r for r in dflash if r["min_confidence"] == 0.0]
     strict = [r for r in dflash if r["min_confidence"] == 1.0]
     assert len(main) == len(strict) == 2 and all(r["identical"] for r in dflash)
-    assert all(r["drafted_tokens"] == 15 * r["cycles"] for r in main)  # every proposal verified
+    # threshold 0 verifies past the first proposal (the last cycles only as many as the budget
+    # leaves room for), threshold 1 only the first
+    assert all(r["cycles"] < r["drafted_tokens"] <= 15 * r["cycles"] for r in main)
     assert all(r["drafted_tokens"] == r["cycles"] for r in strict)  # only the first, always
     s = res["summary"]
     assert s["dflash_tps_median"] == statistics.median(r["decode_tps"] for r in main)

@@ -151,7 +151,7 @@ def test_generate_prints_characters_split_over_cycles_whole(qwen3_pair, monkeypa
     cycles = [tokens[i : i + 2] for i in range(0, len(tokens), 2)]
     assert any("\ufffd" in pair.tokenizer.decode(c) for c in cycles)  # the script does split characters
 
-    def scripted(ids, max_tokens, block_size=None, min_confidence=None, sampling=None, policy=None):
+    def scripted(ids, max_tokens, block_size=None, min_confidence=None, sampling=None, policy=None, copy=False):
         yield from (_cycle(i, c) for i, c in enumerate(cycles))
         yield RunSummary(
             engine="dflash",
