@@ -259,6 +259,12 @@ def test_unverified_proposals_are_shown_apart_from_rejected_ones():
     assert row("match") == ["✓", "✗", "–", "–"]
     assert row("cumulative product") == ["1", "0", "–", "–"]
     assert "<b>1</b> of 2 verified (2 unsure proposals not verified)" in markup
+    # the policy chose all 4, the token budget left room for 2: said so, not "unsure"
+    budget = cycle(2, 1, [2, 3, 4, 5], [2, 9, 6], decision=Decision(4, False, 2.0, 1.5, 10.0, "verify 4 of 4"))
+    spans = Spans(render.dflash_tokens_html([budget], pieces_of([budget]), text)).spans
+    assert "2 proposals past the token budget not verified" in spans[2][1]
+    assert "past the run's token budget" in spans[3][1]
+    assert "(2 proposals past the token budget not verified)" in render.inspector_html(budget, text)
     assert "target read 3 tokens, not 5" in markup
     assert render.dflash_extra(CycleTally.of([part, bonus]))[1][1] == "75%"  # 3 accepted of 4 verified
 

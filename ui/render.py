@@ -84,7 +84,9 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
     if copied:
         tail += f" · {_copy_words(ev)}"
     if v < len(ev.drafted):
-        tail += f" · {len(ev.drafted) - v} unsure proposals not verified"
+        # fewer than the policy chose: the run's token budget ends inside this block
+        why = "proposals past the token budget" if ev.decision and v < ev.decision.verified else "unsure proposals"
+        tail += f" · {len(ev.drafted) - v} {why} not verified"
     out = []
     for k, text in enumerate(pieces):
         if k == 0:
@@ -100,7 +102,10 @@ def cycle_spans(ev: CycleEvent, pieces: list, draft_text, max_rejected=None) -> 
             k = a + 1 + j
             if k > v:
                 kind = "unverified"
-                why = f"not verified: {_reason(ev)}" if _reason(ev) else "not verified: the draft was unsure"
+                if ev.decision and v < ev.decision.verified:
+                    why = "not verified: past the run's token budget"
+                else:
+                    why = f"not verified: {_reason(ev)}" if _reason(ev) else "not verified: the draft was unsure"
             else:
                 kind = "rejected"
                 if j > 0:
@@ -371,6 +376,8 @@ def inspector_html(
     rows += _sampling_rows(ev, unchecked) if ev.draws else _greedy_rows(ev, wanted, unchecked)
     table = "".join(f"<tr><th class='rowh'>{esc(n)}</th>{r}</tr>" for n, r in rows)
     unsure = "unsure proposals" if policy != "adaptive" else "proposals"
+    if ev.decision and v < ev.decision.verified:  # the run's token budget ends inside this block
+        unsure = "proposals past the token budget"
     facts = (
         f"<div><span class='k'>accepted length</span> <b>{a}</b> of {v} verified"
         f"{f' ({B - 1 - v} {unsure} not verified)' if v < B - 1 else ''}</div>"
