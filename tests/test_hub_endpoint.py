@@ -90,6 +90,21 @@ def one_error_line(run) -> str:
     return said(run)[0]
 
 
+def started(cmd: list, env: dict, url: str, stderr=subprocess.PIPE, timeout: float = 180) -> subprocess.Popen:
+    """The process running cmd, once url answers (it is stopped if it dies or never answers)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"{cmd[0]} never answered at {url}: {proc.communicate()[-1] or ''}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return proc
+        except OSError:
+            time.sleep(0.5)
+
+
 def listed_size(models, repo) -> int:
     from huggingface_hub.utils import filter_repo_objects
 
@@ -321,24 +336,20 @@ def test_the_readmes_mac_commands_run_against_the_hub(hub, env):
 # --- the server ------------------------------------------------------------------------
 def test_serve_downloads_a_hub_pair_and_answers_as_plain_decoding(hub, env):
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dflash_core", "serve", "--model", QWEN_TARGET, "--port", str(port), "--no-playground"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    url = f"http://127.0.0.1:{port}"
+    serve = [
+        sys.executable,
+        "-m",
+        "dflash_core",
+        "serve",
+        "--model",
+        QWEN_TARGET,
+        "--port",
+        str(port),
+        "--no-playground",
+    ]
+    proc = started(serve, env, f"{url}/health")
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
 
         def complete(dflash_on: bool) -> str:
             body = {"model": QWEN_TARGET, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "dflash": dflash_on}
@@ -367,25 +378,10 @@ def test_the_playground_downloads_a_hub_pair_with_sizes_and_progress_and_shows_h
     hub.repos[LLAMA_TARGET].gated = True  # the mlx-community conversion, gated here for the test
     hub.fault(QWEN_TARGET, "slow", file=WEIGHTS, seconds=6)  # a download long enough to watch
     port = free_port()
-    proc = subprocess.Popen(
-        [Path(sys.executable).parent / "dflash-playground", "--model", "stdlib-hybrid", "--allow-downloads"]
-        + ["--port", str(port), "--no-browser"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    url = f"http://127.0.0.1:{port}/"
+    playground = [str(Path(sys.executable).parent / "dflash-playground"), "--model", "stdlib-hybrid"]
+    proc = started(playground + ["--allow-downloads", "--port", str(port), "--no-browser"], env, url, subprocess.STDOUT)
     try:
-        url = f"http://127.0.0.1:{port}/"
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "no page"
-            try:
-                urllib.request.urlopen(url, timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
         with sync_playwright() as p:
             browser = headless.launch(p)
             page = browser.new_page(viewport={"width": 1440, "height": 1000})
