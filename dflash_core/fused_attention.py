@@ -4,13 +4,16 @@ Why: on CUDA, mx.fast.scaled_dot_product_attention has fused kernels only for fe
 rows (MLX 0.32.4); the target's verify forward (up to 16 rows, causal, over the cache) and the
 draft's block attention (8..16 rows, bidirectional over [context ; block]) take MLX's unfused path
 instead (scale, scores, mask, softmax, a second matmul: several launches and round trips through
-memory). The kernels here do it in two launches, reading each key and value once per KV head:
+memory). The kernels here do it in two launches (one for a short cache), reading each key and
+value once per KV head:
 
   pass 1, one thread block per (key chunk, KV head, row group): the block scores each tile of 32
     keys against all of its query rows (the H / KVH query heads that share the KV head, times L
     rows), keeps a running max, sum and unnormalised output per row (online softmax, float32),
     and writes them per chunk;
   pass 2, one thread per output element: combines the chunks' partials.
+  On CUDA a cache of at most SINGLE_PASS_KEYS keys is one chunk, and pass 1 writes the normalised
+  output itself (CUDA_SINGLE): on a small target every launch costs host time, not the GPU's.
 
 The chunk count grows with the cache (enough blocks at 300 keys and at 32K). Contract, like MLX's:
 q (1, H, L, D), k and v (1, KVH, N, D); causal: row i sees keys j <= N - L + i (the block sits at
@@ -35,7 +38,7 @@ import threading
 
 import mlx.core as mx
 
-from .attention_kernels import CUDA_HEADER, CUDA_PASS1, CUDA_PASS2, METAL_PASS1, METAL_PASS2
+from .attention_kernels import CUDA_HEADER, CUDA_PASS1, CUDA_PASS2, CUDA_SINGLE, METAL_PASS1, METAL_PASS2
 
 TILE = 32  # keys per tile: one per lane when scoring (kernels' TK)
 ROWS_PER_WARP = 4  # query rows a warp (Metal: SIMD group) owns (kernels' RPW)
@@ -50,6 +53,10 @@ MAX_ROWS = 16  # query rows per call that `attention` sends to the kernels
 MIN_ROWS = 4
 ENV = "DFLASH_FUSED_ATTENTION"
 ENV_VERBOSE = "DFLASH_FUSED_ATTENTION_VERBOSE"
+# Caches of at most this many keys take one launch (CUDA_SINGLE: one key chunk per thread block,
+# the output normalised in place) instead of two: a small target's verify is bound by launches on
+# the host, and its cache is short. DFLASH_FUSED_SINGLE_PASS_KEYS overrides (0: always two passes).
+SINGLE_PASS_KEYS = int(os.environ.get("DFLASH_FUSED_SINGLE_PASS_KEYS", "512"))
 
 
 # Shared memory for the queries, per block (this sets MAXR): CUDA's static limit is 48 KB (the K
@@ -59,6 +66,7 @@ _QUERY_BYTES = {"cuda": 16384, "metal": 15104}
 
 _lock = threading.RLock()
 _kernels = {}  # (backend, pass) -> the mx.fast kernel object (built once; compiled per template)
+_plans = {}  # (backend, shape, dtype, causal) -> the kernel calls (_launches)
 _scales = {}  # scale -> a (1,) float32 array (the kernels take the scale as an input)
 _checked = {}  # (backend, dtype, head dim, causal) -> True once the self-check passed
 _printed = set()  # kernel variants whose source was printed (verbose)
@@ -89,24 +97,28 @@ def enabled() -> bool:
     return backend == "cuda"
 
 
+_SOURCES = {
+    ("cuda", "pass1"): CUDA_PASS1,
+    ("cuda", "pass2"): CUDA_PASS2,
+    ("cuda", "single"): CUDA_SINGLE,
+    ("metal", "pass1"): METAL_PASS1,
+    ("metal", "pass2"): METAL_PASS2,
+}
+_OUTPUTS = {"pass1": ["po", "pm", "pl"], "pass2": ["out"], "single": ["out"]}
+
+
 def _kernel(backend: str, which: str):
     """The mx.fast kernel object for one pass (MLX compiles one per template and caches it)."""
     key = (backend, which)
     with _lock:
         if key not in _kernels:
-            if backend == "cuda":
-                make = mx.fast.cuda_kernel
-                source, extra = (CUDA_PASS1 if which == "pass1" else CUDA_PASS2), {"header": CUDA_HEADER}
-            else:
-                make = mx.fast.metal_kernel
-                source, extra = (METAL_PASS1 if which == "pass1" else METAL_PASS2), {}
-            inputs = ["q", "k", "v", "scale"] if which == "pass1" else ["po", "pm", "pl"]
-            outputs = ["po", "pm", "pl"] if which == "pass1" else ["out"]
+            make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
+            extra = {"header": CUDA_HEADER} if backend == "cuda" else {}
             _kernels[key] = make(
                 name=f"dflash_rows_{which}",
-                input_names=inputs,
-                output_names=outputs,
-                source=source,
+                input_names=["po", "pm", "pl"] if which == "pass2" else ["q", "k", "v", "scale"],
+                output_names=_OUTPUTS[which],
+                source=_SOURCES[key],
                 ensure_row_contiguous=False,
                 **extra,
             )
@@ -151,34 +163,38 @@ def launch_plan(heads: int, kv_heads: int, rows: int, keys: int, head_dim: int, 
     }
 
 
-def _partials(backend: str, q, k, v, scale: float, causal: bool):
-    """Pass 1: per (query row, key chunk) the max score, the sum of exp(score - max) and the
-    unnormalised output, float32: (H*L, chunks, D), (H*L, chunks), (H*L, chunks)."""
-    _, H, L, D = q.shape
-    _, KVH, N, _ = k.shape
-    plan = launch_plan(H, KVH, L, N, D, backend)
-    nc, threads = plan["chunks"], 32 * plan["warps"]
-    rows = H * L
-    template = [
-        ("T", q.dtype),
-        ("D", D),
-        ("CAUSAL", bool(causal)),
-        ("MAXR", plan["max_rows"]),
-        ("RPW", ROWS_PER_WARP),
-    ]
-    return _kernel(backend, "pass1")(
-        inputs=[q, k, v, _scale_array(scale)],
-        template=template,
-        grid=(nc * threads, KVH, plan["row_groups"]),
-        threadgroup=(threads, 1, 1),
-        output_shapes=[(rows, nc, D), (rows, nc), (rows, nc)],
-        output_dtypes=[mx.float32, mx.float32, mx.float32],
-        verbose=_verbose((backend, "pass1", q.dtype, D, bool(causal), plan["max_rows"], ROWS_PER_WARP)),
-    )
+def _launches(backend: str, shape: tuple, dtype, causal: bool) -> list:
+    """The kernel calls for one (q shape, KV heads, keys, dtype, mask) as (which, template, grid,
+    threadgroup, output shapes, output dtypes), worked out once per shape: the verify asks for
+    the same few shapes every cycle, and on a GPU bound by the host this arithmetic counts."""
+    key = (backend, shape, dtype, causal)
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    H, L, D, KVH, N = shape
+    p = launch_plan(H, KVH, L, N, D, backend)
+    rows, threads = H * L, 32 * p["warps"]
+    template = [("T", dtype), ("D", D), ("CAUSAL", bool(causal)), ("MAXR", p["max_rows"]), ("RPW", ROWS_PER_WARP)]
+    if backend == "cuda" and N <= SINGLE_PASS_KEYS:
+        plan = [("single", template, (threads, KVH, p["row_groups"]), (threads, 1, 1), [(1, H, L, D)], [dtype])]
+    else:
+        nc, f32 = p["chunks"], mx.float32
+        total = rows * D
+        pass1_shapes = [(rows, nc, D), (rows, nc), (rows, nc)]
+        plan = [
+            ("pass1", template, (nc * threads, KVH, p["row_groups"]), (threads, 1, 1), pass1_shapes, [f32] * 3),
+            ("pass2", [("T", dtype), ("D", D)], (total, 1, 1), (min(256, total), 1, 1), [(1, H, L, D)], [dtype]),
+        ]
+    with _lock:
+        if len(_plans) > 4096:  # one entry per cache length seen: start over now and then
+            _plans.clear()
+        _plans[key] = plan
+    return plan
 
 
 def few_rows_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
-    """softmax(scale * q k^T [+ causal mask]) v on the GPU, in two fused launches.
+    """softmax(scale * q k^T [+ causal mask]) v on the GPU, in two fused launches (one where the
+    cache is short, on CUDA).
 
     q (1, H, L, D), k and v (1, KVH, N, D), H % KVH == 0 (query head h reads KV head
     h // (H // KVH)), 1 <= L <= 16, L <= N, D in (64, 128, 256), one dtype of float32, bfloat16,
@@ -195,18 +211,18 @@ def few_rows_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, caus
         raise ValueError(f"few_rows_attention: unsupported q {q.shape}, k {k.shape}")
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"few_rows_attention: dtypes {q.dtype}, {k.dtype}, {v.dtype}")
-    po, pm, pl = _partials(backend, q, k, v, scale, causal)
-    total = H * L * D
-    (out,) = _kernel(backend, "pass2")(
-        inputs=[po, pm, pl],
-        template=[("T", q.dtype), ("D", D)],
-        grid=(total, 1, 1),
-        threadgroup=(min(256, total), 1, 1),
-        output_shapes=[(1, H, L, D)],
-        output_dtypes=[q.dtype],
-        verbose=_verbose((backend, "pass2", q.dtype, D)),
-    )
-    return out
+    inputs = [q, k, v, _scale_array(scale)]
+    for which, template, grid, threadgroup, shapes, dtypes in _launches(backend, (H, L, D, KVH, N), q.dtype, causal):
+        inputs = _kernel(backend, which)(
+            inputs=inputs,
+            template=template,
+            grid=grid,
+            threadgroup=threadgroup,
+            output_shapes=shapes,
+            output_dtypes=dtypes,
+            verbose=_verbose((backend, which, *template)),
+        )
+    return inputs[0]
 
 
 def reference_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
@@ -270,24 +286,29 @@ def _fail(reason: str) -> None:
 
 def _self_check(backend: str, dtype, head_dim: int, causal: bool) -> bool:
     """Once per (backend, dtype, head dim, causal): the kernel on small random inputs against the
-    float32 reference (GQA 2, 3 rows, 45 keys: two chunks, the second partial). A build error or a
+    float32 reference (GQA 2, 3 rows; 45 keys: two tiles, the second partial, and, where short caches
+    take one launch, SINGLE_PASS_KEYS + 45 keys for the two-launch path). A build error or a
     mismatch turns the fused path off for the process, with one warning line."""
     key = (backend, dtype, head_dim, bool(causal))
+    ok = _checked.get(key)
+    if ok is not None:  # every call after the first: no lock
+        return ok
     with _lock:
         if key in _checked:
             return _checked[key]
         try:
             rk = mx.random.split(mx.random.key(20251203), 3)
-            q = mx.random.normal((1, 4, 3, head_dim), key=rk[0]).astype(dtype)
-            k = mx.random.normal((1, 2, 45, head_dim), key=rk[1]).astype(dtype)
-            v = mx.random.normal((1, 2, 45, head_dim), key=rk[2]).astype(dtype)
-            scale = head_dim**-0.5
-            got = few_rows_attention(q, k, v, scale, causal).astype(mx.float32)
-            # the reference on the CPU: MLX's CUDA float32 matmuls run in TF32 unless
-            # MLX_ENABLE_TF32=0 (errors ~1e-4, more than the kernel's own)
-            with mx.stream(mx.cpu):
-                want = reference_attention(*(x.astype(mx.float32) for x in (q, k, v)), scale, causal)
-            err = mx.max(mx.abs(got - want)).item()
+            scale, err = head_dim**-0.5, 0.0
+            for n in sorted({45, SINGLE_PASS_KEYS + 45} if backend == "cuda" else {45}):
+                q = mx.random.normal((1, 4, 3, head_dim), key=rk[0]).astype(dtype)
+                k = mx.random.normal((1, 2, n, head_dim), key=rk[1]).astype(dtype)
+                v = mx.random.normal((1, 2, n, head_dim), key=rk[2]).astype(dtype)
+                got = few_rows_attention(q, k, v, scale, causal).astype(mx.float32)
+                # the reference on the CPU: MLX's CUDA float32 matmuls run in TF32 unless
+                # MLX_ENABLE_TF32=0 (errors ~1e-4, more than the kernel's own)
+                with mx.stream(mx.cpu):
+                    want = reference_attention(*(x.astype(mx.float32) for x in (q, k, v)), scale, causal)
+                err = max(err, mx.max(mx.abs(got - want)).item())
             tol = 1e-4 if dtype == mx.float32 else 3e-2
             ok = math.isfinite(err) and err <= tol
             if not ok:
