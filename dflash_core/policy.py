@@ -37,6 +37,11 @@ DRAFTED_WINDOW = 8
 # decoding in probes; at 128 the same draft costs about 2%. A run whose text turns predictable is
 # noticed sooner by the target's own confidence (keep_plain).
 MAX_PROBE_WAIT = 128
+# ... and the fewest: the first wait of a streak is as long as makes a failed probe cost at most
+# this share of the plain steps before it (a 2-step cycle that commits one token: 10 steps). A
+# short request on hard text otherwise pays a failed probe after 1, 2, 4, ... plain steps: seven of
+# them in 128 tokens, 4% of a CPU run where a cycle costs 1.8 steps.
+PROBE_SHARE = 0.1
 TARGET_WINDOW = 4  # plain tokens whose target probability can call a probe early
 
 
@@ -229,7 +234,7 @@ class Policy:
         self.reads_confidence = reads_confidence or bool(min_confidence)
         self.drafted = deque(maxlen=DRAFTED_WINDOW)  # (tokens committed, seconds) of the latest drafted cycles
         self.plain_streak = 0
-        self.probe_wait = 1
+        self.probe_wait = None  # plain steps before the next probe; None: the first wait (first_wait)
         self.target_sure = deque(maxlen=TARGET_WINDOW)  # the target's probability of its last plain tokens
         # whether the target's confidence may call a probe early: not after an early probe failed,
         # until drafting pays again (a target sure of a repeated phrase the draft still misses,
@@ -266,11 +271,19 @@ class Policy:
             reason=f"plain step: the last {n} drafted cycles committed {tokens:.1f} tokens each for {steps:.1f} steps",
         )
 
+    def first_wait(self) -> int:
+        """Plain steps before the first probe of a streak: a failed probe costs a drafted cycle
+        less the one token it commits, at most PROBE_SHARE of the steps waited."""
+        lost = self.costs.cycle_s(self.B - 1) / self.costs.plain_s() - 1
+        return max(1, min(MAX_PROBE_WAIT, math.ceil(lost / PROBE_SHARE)))
+
     def keep_plain(self) -> bool:
         """Whether the plain steps go on (asked with one step in flight): until the next probe is
         due, or sooner where the target has been sure of its own tokens lately, which is where a
         draft is accepted: when, taking the target's recent probability as the chance that each
         proposal is accepted, a drafted cycle would pay for itself."""
+        if self.probe_wait is None:
+            self.probe_wait = self.first_wait()
         if self.plain_streak + 1 >= self.probe_wait:
             return False
         if not self.early_probes or len(self.target_sure) < self.target_sure.maxlen:
@@ -330,8 +343,9 @@ class Policy:
         self.drafted.append((tokens, seconds))
         if was_probe:  # a failed probe waits twice as long for the next; a good one ends the streak
             paid = self._drafting_rate() >= 1 / self.costs.plain_s()
-            early = self.plain_streak < self.probe_wait
-            self.probe_wait = 1 if paid else min(2 * self.probe_wait, MAX_PROBE_WAIT)
+            wait = self.probe_wait or self.first_wait()
+            early = self.plain_streak < wait
+            self.probe_wait = None if paid else min(2 * wait, MAX_PROBE_WAIT)
             self.early_probes = paid or (self.early_probes and not early)
         self.plain_streak = 0
         self.target_sure.clear()

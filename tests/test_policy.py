@@ -12,7 +12,9 @@ from test_sampling import CHI2_999, chi_square, sharp_pair, target_two_tokens  #
 from dflash_core import engine
 from dflash_core.events import CONFIDENCE_EDGES, CycleEvent, Decision
 from dflash_core.policy import (
+    MAX_PROBE_WAIT,
     PRIOR_TRIALS,
+    PROBE_SHARE,
     TARGET_WINDOW,
     AcceptancePredictor,
     CostModel,
@@ -115,6 +117,8 @@ def _plain_streak(pol, decision, target_sure: float) -> int:
 
 def test_plain_steps_when_drafting_does_not_pay_and_probes_at_doubling_intervals():
     pol = _policy([0.1] * 8, draft_s=0.1)  # a drafted cycle costs two plain steps
+    # a failed probe loses one step: the first wait makes that a tenth (PROBE_SHARE) of the streak
+    assert pol.first_wait() == round(1 / PROBE_SHARE)
     assert pol.before_draft() is None  # the first cycle drafts: nothing is known yet
     waits = []
     for _ in range(5):
@@ -125,7 +129,7 @@ def test_plain_steps_when_drafting_does_not_pay_and_probes_at_doubling_intervals
         waits.append(_plain_streak(pol, plain, target_sure=0.3))  # hard text: the target unsure
         assert pol.before_draft() is None  # the probe
         assert "probe after" in pol.after_draft([0.5] * 7).reason
-    assert waits == [1, 2, 4, 8, 16]
+    assert waits == [10, 20, 40, 80, MAX_PROBE_WAIT]
     d = pol.after_draft([0.99] * 7)  # the text turned predictable: the probe is accepted whole
     pol.observe(_cycle([0.99] * 7, d.verified, d.verified), 0.2)
     assert pol.before_draft() is None  # and the policy drafts again
