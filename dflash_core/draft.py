@@ -5,6 +5,7 @@ hidden states (context, cached across cycles) and the block itself, bidirectiona
 embeddings and no LM head of its own: the target lends both.
 """
 
+import os
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -236,6 +237,55 @@ class DraftModel(nn.Module):
         for layer, (k, v) in zip(self.layers, ctx_kv):
             h = layer(h, k, v, offset, _window_mask(layer, offset, h.shape[1], k))
         return self.norm(h)
+
+    def propose(self, block_embeds: mx.array, ctx_kv: list, offset: int) -> mx.array:
+        """The same as calling the model, as the engine runs it. With DFLASH_COMPILE_DRAFT=1 each
+        layer's work before and after its attention is one compiled graph (a fixed shape for
+        a block size; the offset an array, so a longer context is no new shape), for a GPU, where a
+        small draft's forward is bound by the host's graph building and launches. Its weights are fixed
+        once first used so (an inference path: the trainer calls the model)."""
+        if not _compile_draft():
+            return self(block_embeds, ctx_kv, offset)
+        compiled = self.__dict__.get("_compiled")  # kept off the module's tree of parameters
+        if compiled is None:
+            compiled = [_compiled_layer(layer) for layer in self.layers]
+            object.__setattr__(self, "_compiled", compiled)
+        h, at = block_embeds, mx.array(offset)
+        for layer, (k, v), (project, finish) in zip(self.layers, ctx_kv, compiled):
+            attn = layer.self_attn
+            q, bk, bv = project(h, at)
+            if k is not None:
+                bk, bv = mx.concatenate([k, bk], axis=2), mx.concatenate([v, bv], axis=2)
+            out = fused_attention.attention(q, bk, bv, attn.scale, _window_mask(layer, offset, h.shape[1], k))
+            h = finish(h, out)
+        return self.norm(h)
+
+
+COMPILE_ENV = "DFLASH_COMPILE_DRAFT"
+
+
+def _compile_draft() -> bool:
+    return os.environ.get(COMPILE_ENV, "0") == "1"
+
+
+def _compiled_layer(layer: "DraftLayer") -> tuple:
+    """(project, finish) of one layer as compiled functions: project(h, offset) -> the block's
+    rotated queries, keys and values; finish(h, attention output) -> the layer's output."""
+    attn = layer.self_attn
+
+    def project(h, offset):
+        x = layer.input_layernorm(h)
+        B, L, _ = x.shape
+        q = attn.q_norm(attn.q_proj(x).reshape(B, L, attn.n_heads, -1)).transpose(0, 2, 1, 3)
+        k, v = attn.keys_values(x, offset)
+        return attn.rope(q, offset=offset), k, v
+
+    def finish(h, out):
+        B, L, _ = h.shape
+        h = h + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    return mx.compile(project), mx.compile(finish)
 
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"  # {"tokens": [...]}: DraftConfig.draft_vocab, beside config.json

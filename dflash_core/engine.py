@@ -151,7 +151,7 @@ def dflash_generate(
         if not long_copy:
             if draft_fn is None:
                 block = target.embed(mx.array([staged] + [mask_id] * (B - 1)))[None]
-                logits = head.logits(draft(block, ctx.kv, ctx.length)[:, 1:])[0]  # over the head's rows
+                logits = head.logits(draft.propose(block, ctx.kv, ctx.length)[:, 1:])[0]  # over the head's rows
                 if sampling:
                     q = sampling.probabilities(logits)
                     rows = mx.random.categorical(mx.log(q))

@@ -147,7 +147,7 @@ def probe_costs(target, draft, head, block_size: int, context_ids: list, repeats
 
     def propose():
         block = target.embed(mx.array(fill[:1] + [draft.config.mask_token_id] * (block_size - 1)))[None]
-        logits = head.logits(draft(block, ctx.kv, ctx.length)[:, 1:])[0]
+        logits = head.logits(draft.propose(block, ctx.kv, ctx.length)[:, 1:])[0]
         mx.eval(mx.argmax(logits, axis=-1), mx.logsumexp(logits, axis=-1))
 
     verify_s = {r: timed(lambda r=r: verify(r)) for r in rows}

@@ -77,7 +77,7 @@ def main():
 
     def draft_forward():
         block = target.embed(mx.array([1] + [mask_id] * (B - 1)))[None]
-        logits = head.logits(draft(block, ctx.kv, ctx.length)[:, 1:])[0]
+        logits = head.logits(draft.propose(block, ctx.kv, ctx.length)[:, 1:])[0]
         return head.token_ids(mx.argmax(logits, axis=-1))
 
     def verify(proposals):  # keeps every row: no host-dependent rollback

@@ -71,3 +71,35 @@ def test_attention_bias_is_read_from_the_config():
     plain = DraftModel(DraftConfig.from_dict(d))
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
         assert "bias" in biased.layers[0].self_attn[name] and "bias" not in plain.layers[0].self_attn[name]
+
+
+@pytest.mark.parametrize("rope_scaling", [None, {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64}])
+def test_the_compiled_forward_equals_the_models_own_as_the_context_grows(monkeypatch, rope_scaling):
+    """DFLASH_COMPILE_DRAFT=1: each layer's work around its attention compiled, the offset an
+    array. Over growing contexts (one compiled shape, offsets that change) and a sliding window,
+    its block hidden states are the model's own."""
+    cfg = _config(layer_types=["sliding_attention", "full_attention"], sliding_window=WINDOW, rope_scaling=rope_scaling)
+    mx.random.seed(1)
+    model = DraftModel(cfg)
+    ctx = DraftContext(model)
+    block = mx.random.normal((1, BLOCK, 32))
+    monkeypatch.setenv(draft_module.COMPILE_ENV, "1")
+    for rows in (3, 1, 4, 2, 5):
+        ctx.extend([mx.random.normal((1, rows, 32))])
+        eager = model(block, ctx.kv, ctx.length)
+        compiled = model.propose(block, ctx.kv, ctx.length)
+        assert mx.allclose(compiled, eager, atol=1e-5).item(), ctx.length
+    assert len(model.__dict__["_compiled"]) == 2 and "_compiled" not in model  # not a parameter
+    monkeypatch.setenv(draft_module.COMPILE_ENV, "0")
+    assert mx.array_equal(model.propose(block, ctx.kv, ctx.length), model(block, ctx.kv, ctx.length)).item()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_the_engine_with_the_compiled_draft_is_lossless(random_pairs, family, monkeypatch):
+    monkeypatch.setenv(draft_module.COMPILE_ENV, "1")
+    pair = random_pairs[family]
+    ids = pair.encode("def parse(line):\n    return line.split()\n", chat_template=False)
+    *_, base = pair.baseline(ids, 40)
+    *cycles, ours = pair.dflash(ids, 40, policy="fixed", min_confidence=0.0)
+    assert ours.tokens == base.tokens and len(cycles) > 1
+    assert "_compiled" in pair.draft.__dict__  # the run went through the compiled path
