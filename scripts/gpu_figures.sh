@@ -9,6 +9,9 @@
 #                                          and its cycle in one-token steps (forward_rows.py), and
 #                                          the random Qwen3-4B-shaped target's oracle at a block of
 #                                          16, float32
+#   bash scripts/gpu_figures.sh overlap   host time against device time (host_overlap.py): eager and
+#                                          pipelined steps and cycles, with the fused attention's one
+#                                          launch for short caches on and off, the draft compiled or not
 #   bash scripts/gpu_figures.sh heldout   the default pair on all 40 held-out chat requests, float32:
 #                                          the adaptive policy side by side with the fixed one
 #                                          (REPEAT=N repeats, default 3)
@@ -51,6 +54,12 @@ cycle)
   $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
   DFLASH_DTYPE=float32 piece h200-qwen3-4b-shape-f32 120 --model /tmp/q4b/qwen3-target \
     --draft /tmp/q4b/qwen3-draft --block-size 16 --oracle --prompt "def parse(line):" --repeat 3
+  ;;
+overlap)
+  export DFLASH_DTYPE=float32
+  run host-overlap 120 $py scripts/host_overlap.py --repeats 5 --save "$out/host-overlap.json"
+  DFLASH_FUSED_SINGLE_PASS_KEYS=0 run host-overlap-two-pass 120 $py scripts/host_overlap.py --repeats 5 --save "$out/host-overlap-two-pass.json"
+  DFLASH_COMPILE_DRAFT=1 run host-overlap-compiled 120 $py scripts/host_overlap.py --repeats 5 --save "$out/host-overlap-compiled.json"
   ;;
 heldout)
   DFLASH_DTYPE=float32 piece h200-smollm2-135m-policy 560 --prompts assets/prompts/chat_heldout.json \
