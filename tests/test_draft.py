@@ -73,7 +73,9 @@ def test_attention_bias_is_read_from_the_config():
         assert "bias" in biased.layers[0].self_attn[name] and "bias" not in plain.layers[0].self_attn[name]
 
 
-@pytest.mark.parametrize("rope_scaling", [None, {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64}])
+@pytest.mark.parametrize(
+    "rope_scaling", [None, {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64}]
+)
 def test_the_compiled_forward_equals_the_models_own_as_the_context_grows(monkeypatch, rope_scaling):
     """DFLASH_COMPILE_DRAFT=1: each layer's work around its attention compiled, the offset an
     array. Over growing contexts (one compiled shape, offsets that change) and a sliding window,
