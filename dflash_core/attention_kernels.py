@@ -219,31 +219,6 @@ CUDA_PASS1 = r"""
   }
 """
 
-_PARTIALS_CUDA = "  // This chunk's partials;"
-
-# One pass, where one key chunk holds the whole cache (a short one): pass 1's body with its last
-# step replaced, so each row's output is normalised and written at once. On a GPU bound by kernel
-# launches (a small target) one launch less per layer is what counts, not the lost parallelism.
-CUDA_SINGLE = (
-    CUDA_PASS1[: CUDA_PASS1.index(_PARTIALS_CUDA)]
-    + r"""
-  // The normalised output; global row kh*R + r is query head h, row i (h*L + i). Every row sees
-  // at least one key (L <= N), so l > 0.
-#pragma unroll
-  for (int rr = 0; rr < RPW; ++rr) {
-    const int r = row0 + wrow + rr;
-    if (r < R) {
-      const long long row = (long long)kh * R + r;
-      const float inv = 1.0f / l[rr];
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) {
-        dfa_store(out + row * D + (i / 2) * DC + 2 * lane + i % 2, o[rr][i] * inv);
-      }
-    }
-  }
-"""
-)
-
 # Pass 2: one thread per output element (global row, dim); chunks that saw no key (l == 0) are
 # skipped. Every row sees at least one key (L <= N), so den > 0.
 CUDA_PASS2 = r"""

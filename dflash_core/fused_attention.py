@@ -4,16 +4,15 @@ Why: on CUDA, mx.fast.scaled_dot_product_attention has fused kernels only for fe
 rows (MLX 0.32.4); the target's verify forward (up to 16 rows, causal, over the cache) and the
 draft's block attention (8..16 rows, bidirectional over [context ; block]) take MLX's unfused path
 instead (scale, scores, mask, softmax, a second matmul: several launches and round trips through
-memory). The kernels here do it in two launches (one for a short cache), reading each key and
-value once per KV head:
+memory). The kernels here do it in two launches, reading each key and value once per KV head:
 
   pass 1, one thread block per (key chunk, KV head, row group): the block scores each tile of 32
     keys against all of its query rows (the H / KVH query heads that share the KV head, times L
     rows), keeps a running max, sum and unnormalised output per row (online softmax, float32),
     and writes them per chunk;
   pass 2, one thread per output element: combines the chunks' partials.
-  On CUDA a cache of at most SINGLE_PASS_KEYS keys is one chunk, and pass 1 writes the normalised
-  output itself (CUDA_SINGLE): on a small target every launch costs host time, not the GPU's.
+  One launch instead (one key chunk per block, the output normalised in place) measured slower on
+  an H200: a cycle of the default pair 12.1 ms against 8.2 (scripts/host_overlap.py).
 
 The chunk count grows with the cache (enough blocks at 300 keys and at 32K). Contract, like MLX's:
 q (1, H, L, D), k and v (1, KVH, N, D); causal: row i sees keys j <= N - L + i (the block sits at
@@ -38,7 +37,7 @@ import threading
 
 import mlx.core as mx
 
-from .attention_kernels import CUDA_HEADER, CUDA_PASS1, CUDA_PASS2, CUDA_SINGLE, METAL_PASS1, METAL_PASS2
+from .attention_kernels import CUDA_HEADER, CUDA_PASS1, CUDA_PASS2, METAL_PASS1, METAL_PASS2
 
 TILE = 32  # keys per tile: one per lane when scoring (kernels' TK)
 ROWS_PER_WARP = 4  # query rows a warp (Metal: SIMD group) owns (kernels' RPW)
@@ -53,10 +52,6 @@ MAX_ROWS = 16  # query rows per call that `attention` sends to the kernels
 MIN_ROWS = 4
 ENV = "DFLASH_FUSED_ATTENTION"
 ENV_VERBOSE = "DFLASH_FUSED_ATTENTION_VERBOSE"
-# Caches of at most this many keys take one launch (CUDA_SINGLE: one key chunk per thread block,
-# the output normalised in place) instead of two: a small target's verify is bound by launches on
-# the host, and its cache is short. DFLASH_FUSED_SINGLE_PASS_KEYS overrides (0: always two passes).
-SINGLE_PASS_KEYS = int(os.environ.get("DFLASH_FUSED_SINGLE_PASS_KEYS", "512"))
 
 
 # Shared memory for the queries, per block (this sets MAXR): CUDA's static limit is 48 KB (the K
@@ -100,11 +95,10 @@ def enabled() -> bool:
 _SOURCES = {
     ("cuda", "pass1"): CUDA_PASS1,
     ("cuda", "pass2"): CUDA_PASS2,
-    ("cuda", "single"): CUDA_SINGLE,
     ("metal", "pass1"): METAL_PASS1,
     ("metal", "pass2"): METAL_PASS2,
 }
-_OUTPUTS = {"pass1": ["po", "pm", "pl"], "pass2": ["out"], "single": ["out"]}
+_OUTPUTS = {"pass1": ["po", "pm", "pl"], "pass2": ["out"]}
 
 
 def _kernel(backend: str, which: str):
@@ -175,16 +169,13 @@ def _launches(backend: str, shape: tuple, dtype, causal: bool) -> list:
     p = launch_plan(H, KVH, L, N, D, backend)
     rows, threads = H * L, 32 * p["warps"]
     template = [("T", dtype), ("D", D), ("CAUSAL", bool(causal)), ("MAXR", p["max_rows"]), ("RPW", ROWS_PER_WARP)]
-    if backend == "cuda" and N <= SINGLE_PASS_KEYS:
-        plan = [("single", template, (threads, KVH, p["row_groups"]), (threads, 1, 1), [(1, H, L, D)], [dtype])]
-    else:
-        nc, f32 = p["chunks"], mx.float32
-        total = rows * D
-        pass1_shapes = [(rows, nc, D), (rows, nc), (rows, nc)]
-        plan = [
-            ("pass1", template, (nc * threads, KVH, p["row_groups"]), (threads, 1, 1), pass1_shapes, [f32] * 3),
-            ("pass2", [("T", dtype), ("D", D)], (total, 1, 1), (min(256, total), 1, 1), [(1, H, L, D)], [dtype]),
-        ]
+    nc, f32 = p["chunks"], mx.float32
+    total = rows * D
+    pass1_shapes = [(rows, nc, D), (rows, nc), (rows, nc)]
+    plan = [
+        ("pass1", template, (nc * threads, KVH, p["row_groups"]), (threads, 1, 1), pass1_shapes, [f32] * 3),
+        ("pass2", [("T", dtype), ("D", D)], (total, 1, 1), (min(256, total), 1, 1), [(1, H, L, D)], [dtype]),
+    ]
     with _lock:
         if len(_plans) > 4096:  # one entry per cache length seen: start over now and then
             _plans.clear()
@@ -193,8 +184,7 @@ def _launches(backend: str, shape: tuple, dtype, causal: bool) -> list:
 
 
 def few_rows_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
-    """softmax(scale * q k^T [+ causal mask]) v on the GPU, in two fused launches (one where the
-    cache is short, on CUDA).
+    """softmax(scale * q k^T [+ causal mask]) v on the GPU, in two fused launches.
 
     q (1, H, L, D), k and v (1, KVH, N, D), H % KVH == 0 (query head h reads KV head
     h // (H // KVH)), 1 <= L <= 16, L <= N, D in (64, 128, 256), one dtype of float32, bfloat16,
@@ -286,8 +276,7 @@ def _fail(reason: str) -> None:
 
 def _self_check(backend: str, dtype, head_dim: int, causal: bool) -> bool:
     """Once per (backend, dtype, head dim, causal): the kernel on small random inputs against the
-    float32 reference (GQA 2, 3 rows; 45 keys: two tiles, the second partial, and, where short caches
-    take one launch, SINGLE_PASS_KEYS + 45 keys for the two-launch path). A build error or a
+    float32 reference (GQA 2, 3 rows, 45 keys: two chunks, the second partial). A build error or a
     mismatch turns the fused path off for the process, with one warning line."""
     key = (backend, dtype, head_dim, bool(causal))
     ok = _checked.get(key)
@@ -298,17 +287,16 @@ def _self_check(backend: str, dtype, head_dim: int, causal: bool) -> bool:
             return _checked[key]
         try:
             rk = mx.random.split(mx.random.key(20251203), 3)
-            scale, err = head_dim**-0.5, 0.0
-            for n in sorted({45, SINGLE_PASS_KEYS + 45} if backend == "cuda" else {45}):
-                q = mx.random.normal((1, 4, 3, head_dim), key=rk[0]).astype(dtype)
-                k = mx.random.normal((1, 2, n, head_dim), key=rk[1]).astype(dtype)
-                v = mx.random.normal((1, 2, n, head_dim), key=rk[2]).astype(dtype)
-                got = few_rows_attention(q, k, v, scale, causal).astype(mx.float32)
-                # the reference on the CPU: MLX's CUDA float32 matmuls run in TF32 unless
-                # MLX_ENABLE_TF32=0 (errors ~1e-4, more than the kernel's own)
-                with mx.stream(mx.cpu):
-                    want = reference_attention(*(x.astype(mx.float32) for x in (q, k, v)), scale, causal)
-                err = max(err, mx.max(mx.abs(got - want)).item())
+            q = mx.random.normal((1, 4, 3, head_dim), key=rk[0]).astype(dtype)
+            k = mx.random.normal((1, 2, 45, head_dim), key=rk[1]).astype(dtype)
+            v = mx.random.normal((1, 2, 45, head_dim), key=rk[2]).astype(dtype)
+            scale = head_dim**-0.5
+            got = few_rows_attention(q, k, v, scale, causal).astype(mx.float32)
+            # the reference on the CPU: MLX's CUDA float32 matmuls run in TF32 unless
+            # MLX_ENABLE_TF32=0 (errors ~1e-4, more than the kernel's own)
+            with mx.stream(mx.cpu):
+                want = reference_attention(*(x.astype(mx.float32) for x in (q, k, v)), scale, causal)
+            err = mx.max(mx.abs(got - want)).item()
             tol = 1e-4 if dtype == mx.float32 else 3e-2
             ok = math.isfinite(err) and err <= tol
             if not ok:

@@ -326,18 +326,12 @@ def test_metal_kernel_runs():
         assert _max_err(fa.few_rows_attention(q, k, v, 0.125, causal), _sdpa(q, k, v, 0.125, causal)) < 5e-5
 
 
-def test_short_caches_take_one_launch_on_cuda():
-    """Up to SINGLE_PASS_KEYS keys the CUDA path is one kernel writing the normalised output; past
-    it, and on Metal, two (partials, then their combination), the output's shape and dtype alike."""
-    for backend, keys, kernels in [
-        ("cuda", 17, ["single"]),
-        ("cuda", fa.SINGLE_PASS_KEYS, ["single"]),
-        ("cuda", fa.SINGLE_PASS_KEYS + 1, ["pass1", "pass2"]),
-        ("metal", 17, ["pass1", "pass2"]),
-    ]:
-        plan = fa._launches(backend, (9, 8, 64, 3, keys), mx.bfloat16, True)
-        assert [which for which, *_ in plan] == kernels
+def test_launches_are_worked_out_once_per_shape():
+    """Two launches (partials, then their combination) whose output has q's shape and dtype; the
+    same shape asks for the same plan object (worked out once)."""
+    for backend in ("cuda", "metal"):
+        plan = fa._launches(backend, (9, 8, 64, 3, 300), mx.bfloat16, True)
+        assert [which for which, *_ in plan] == ["pass1", "pass2"]
         assert plan[-1][-2:] == ([(1, 9, 8, 64)], [mx.bfloat16])
-        assert fa._launches(backend, (9, 8, 64, 3, keys), mx.bfloat16, True) is plan  # worked out once
-    grid = fa._launches("cuda", (9, 8, 64, 3, 300), mx.float32, True)[0][2]
-    assert grid[0] == 32 * fa.launch_plan(9, 3, 8, 300, 64)["warps"]  # one key chunk
+        assert plan[0][2][0] == 32 * fa.launch_plan(9, 3, 8, 300, 64, backend)["warps"] * 10  # 10 key chunks
+        assert fa._launches(backend, (9, 8, 64, 3, 300), mx.bfloat16, True) is plan
