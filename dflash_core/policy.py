@@ -43,6 +43,14 @@ MAX_PROBE_WAIT = 128
 # them in 128 tokens, 4% of a CPU run where a cycle costs 1.8 steps.
 PROBE_SHARE = 0.1
 TARGET_WINDOW = 4  # plain tokens whose target probability can call a probe early
+# A run that drafts from its first cycle on would never time a plain step: the cost model would
+# take it from the probe's shape (one row's verify scaled like the drafted cycles), which on a CPU
+# put a drafted cycle at 1.0-1.1 plain steps where it measured 1.8, and drafting went on at 0.82x.
+# So where drafting seems to pay and no plain step has been timed (or none for RECALIBRATE drafted
+# cycles: costs move as the context grows), CALIBRATION_STEPS plain steps are taken: a plain step
+# costs what plain decoding costs, so measuring it loses nothing against the baseline.
+CALIBRATION_STEPS = 2
+RECALIBRATE = 64
 
 
 def _bin_middle(b: int) -> float:
@@ -234,6 +242,8 @@ class Policy:
         self.reads_confidence = reads_confidence or bool(min_confidence)
         self.drafted = deque(maxlen=DRAFTED_WINDOW)  # (tokens committed, seconds) of the latest drafted cycles
         self.plain_streak = 0
+        self.calibrating = False  # the plain steps in progress time a plain step, not a probe's wait
+        self.since_plain = None  # drafted cycles since the last plain step (None: none yet)
         self.probe_wait = None  # plain steps before the next probe; None: the first wait (first_wait)
         self.target_sure = deque(maxlen=TARGET_WINDOW)  # the target's probability of its last plain tokens
         # whether the target's confidence may call a probe early: not after an early probe failed,
@@ -255,11 +265,21 @@ class Policy:
 
     def before_draft(self) -> Decision | None:
         """A plain step's Decision (plain steps follow until keep_plain says no), or None: draft."""
-        if not self.adaptive or not self.drafted:
+        if not self.adaptive or not self.drafted or self.plain_streak:  # the first cycle, or a probe is due
             return None
         plain_s = self.costs.plain_s()
-        if self._drafting_rate() >= 1 / plain_s or self.plain_streak:  # pays, or a probe is due
-            return None
+        if self._drafting_rate() >= 1 / plain_s:  # drafting pays, by a plain step's cost as last timed
+            if self.since_plain is not None and self.since_plain < RECALIBRATE:
+                return None
+            self.calibrating = True
+            return Decision(
+                verified=0,
+                plain_step=True,
+                expected_tokens=1.0,
+                predicted_steps=1.0,
+                step_ms=plain_s * 1e3,
+                reason=f"plain step: timing {CALIBRATION_STEPS} plain steps, against which drafting is judged",
+            )
         n = len(self.drafted)
         tokens, steps = sum(t for t, _ in self.drafted) / n, sum(s for _, s in self.drafted) / n / plain_s
         return Decision(
@@ -282,6 +302,8 @@ class Policy:
         due, or sooner where the target has been sure of its own tokens lately, which is where a
         draft is accepted: when, taking the target's recent probability as the chance that each
         proposal is accepted, a drafted cycle would pay for itself."""
+        if self.calibrating:
+            return self.plain_streak + 1 < CALIBRATION_STEPS
         if self.probe_wait is None:
             self.probe_wait = self.first_wait()
         if self.plain_streak + 1 >= self.probe_wait:
@@ -297,7 +319,7 @@ class Policy:
         the acceptance by block position stands in)."""
         plain_s = self.costs.plain_s()
         p = self.acceptance.p(confidence)
-        probe = self.adaptive and bool(self.drafted) and self._drafting_rate() < 1 / plain_s
+        probe = self.adaptive and self.plain_streak > 0 and not self.calibrating
         if self.adaptive:
             # The draft is paid for; each further row must earn more tokens than plain decoding
             # would in its time (Dinkelbach's criterion for a rate, maximise tokens - rate *
@@ -335,12 +357,14 @@ class Policy:
         self.costs.observe(plain, ev.verified, seconds)
         if plain:
             self.plain_streak += 1
+            self.since_plain = 0
             self.target_sure.append(ev.confidence[0])
             return
         self.acceptance.observe(ev)
-        was_probe = self.plain_streak > 0
+        was_probe = self.plain_streak > 0 and not self.calibrating
         tokens = ev.accepted_len + 1
         self.drafted.append((tokens, seconds))
+        self.since_plain = None if self.since_plain is None else self.since_plain + 1
         if was_probe:  # a failed probe waits twice as long for the next; a good one ends the streak
             paid = self._drafting_rate() >= 1 / self.costs.plain_s()
             wait = self.probe_wait or self.first_wait()
@@ -348,4 +372,5 @@ class Policy:
             self.probe_wait = None if paid else min(2 * wait, MAX_PROBE_WAIT)
             self.early_probes = paid or (self.early_probes and not early)
         self.plain_streak = 0
+        self.calibrating = False
         self.target_sure.clear()

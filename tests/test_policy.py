@@ -12,9 +12,11 @@ from test_sampling import CHI2_999, chi_square, sharp_pair, target_two_tokens  #
 from dflash_core import engine
 from dflash_core.events import CONFIDENCE_EDGES, CycleEvent, Decision
 from dflash_core.policy import (
+    CALIBRATION_STEPS,
     MAX_PROBE_WAIT,
     PRIOR_TRIALS,
     PROBE_SHARE,
+    RECALIBRATE,
     TARGET_WINDOW,
     AcceptancePredictor,
     CostModel,
@@ -133,6 +135,36 @@ def test_plain_steps_when_drafting_does_not_pay_and_probes_at_doubling_intervals
     d = pol.after_draft([0.99] * 7)  # the text turned predictable: the probe is accepted whole
     pol.observe(_cycle([0.99] * 7, d.verified, d.verified), 0.2)
     assert pol.before_draft() is None  # and the policy drafts again
+
+
+def test_a_plain_step_is_timed_before_drafting_is_judged_to_pay():
+    """The probe's shape puts a drafted cycle at 1.1 plain steps; it measures 1.8 (0.18 s against
+    0.1 s). Untimed, a plain step would be taken for 0.16 s and 1.5 tokens a cycle would seem to
+    pay; timing CALIBRATION_STEPS plain steps shows they do not, and the run steps plainly."""
+    pol = _policy([0.1] * 8, draft_s=0.01)
+    for a in (0, 1):
+        pol.observe(_cycle([0.5] * 7, 7, a), 0.18)
+    assert pol.costs.plain_s() > 0.15  # not timed: the drafted cycles' scale stands in
+    d = pol.before_draft()
+    assert d.plain_step and "timing" in d.reason
+    assert _plain_streak(pol, d, target_sure=0.3) == CALIBRATION_STEPS
+    assert pol.before_draft() is None and "probe" not in pol.after_draft([0.5] * 7).reason
+    pol.observe(_cycle([0.5] * 7, 7, 1), 0.18)
+    d = pol.before_draft()
+    assert d.plain_step and "drafted cycles committed" in d.reason  # 1.5 tokens for 1.8 steps
+    assert pol.probe_wait is None  # timing steps are not a probe's wait: the streak waits first_wait
+
+
+def test_drafting_that_pays_times_a_plain_step_again_now_and_then():
+    pol = _policy([0.1] * 8, draft_s=0.01)
+    pol.observe(_cycle([0.9] * 7, 7, 7), 0.15)  # 8 tokens a cycle: drafting pays by any measure
+    d = pol.before_draft()
+    assert d.plain_step and _plain_streak(pol, d, 0.9) == CALIBRATION_STEPS
+    drafted = 0
+    while pol.before_draft() is None:
+        pol.observe(_cycle([0.9] * 7, 7, 7), 0.15)
+        drafted += 1
+    assert drafted == RECALIBRATE  # drafted cycles between two timings
 
 
 def test_a_sure_target_calls_the_probe_early():
