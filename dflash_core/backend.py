@@ -100,7 +100,7 @@ def compute_dtype(gpu_default: str = None):
 def describe() -> dict:
     import mlx_lm
 
-    from .registry import GPU_DTYPES
+    from .models.registry import GPU_DTYPES
 
     info = {
         "mlx": mx.__version__,

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import backend
-from .engine import oracle_draft
-from .events import lossless_verdict
+from .engine.cycle import oracle_draft
+from .engine.events import lossless_verdict
 from .layout import ASSETS
 
 PROMPTS = ASSETS / "prompts"

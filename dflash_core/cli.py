@@ -6,8 +6,8 @@ import importlib
 import os
 import sys
 
-from . import distributed
 from .errors import DFlashError
+from .models import distributed
 
 # command modules, in the order `--help` lists them
 COMMANDS = ["generate", "serve", "benchmark", "models", "doctor", "train-target", "train-draft"]

@@ -23,7 +23,7 @@ import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 # isort: split
 import mlx.core as mx  # noqa: E402
 
-from dflash_core import fused_attention as fa  # noqa: E402
+from dflash_core.engine import fused_attention as fa  # noqa: E402
 
 SHAPES = [  # (name, heads, KV heads, head dim, cache lengths)
     ("smollm2-135m", 9, 3, 64, (300,)),

@@ -12,9 +12,9 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
-from dflash_core.events import CycleEvent  # noqa: E402
-from dflash_core.loading import load_pair  # noqa: E402
-from dflash_core.random_models import write_draft, write_target  # noqa: E402
+from dflash_core.engine.events import CycleEvent  # noqa: E402
+from dflash_core.models.loading import load_pair  # noqa: E402
+from dflash_core.training.random_models import write_draft, write_target  # noqa: E402
 
 
 def measure(layers: int, hidden: int, draft_layers: int = 2, tokens: int = 128, repeats: int = 5) -> dict:

@@ -21,7 +21,7 @@ import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 import mlx.core as mx  # noqa: E402
 
 from dflash_core.benchmark import DEFAULT_PROMPTS  # noqa: E402
-from dflash_core.loading import load_pair  # noqa: E402
+from dflash_core.models.loading import load_pair  # noqa: E402
 
 ROWS = (1, 2, 4, 8, 16)
 

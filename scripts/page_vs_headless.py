@@ -22,9 +22,9 @@ sys.path.insert(0, str(ROOT))
 from gradio_client import Client  # noqa: E402
 
 import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
-from dflash_core.loading import load_pair  # noqa: E402
-from dflash_core.registry import DEFAULT_PAIR  # noqa: E402
-from dflash_core.worker import default_worker  # noqa: E402
+from dflash_core.models.loading import load_pair  # noqa: E402
+from dflash_core.models.registry import DEFAULT_PAIR  # noqa: E402
+from dflash_core.serving.worker import default_worker  # noqa: E402
 from ui import build_app  # noqa: E402
 from ui.headless import launch as launch_chromium  # noqa: E402
 

@@ -23,9 +23,9 @@ import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 
-from dflash_core.loading import load_pair  # noqa: E402
-from dflash_core.server import create_app  # noqa: E402
-from dflash_core.worker import default_worker  # noqa: E402
+from dflash_core.models.loading import load_pair  # noqa: E402
+from dflash_core.serving.routes import create_app  # noqa: E402
+from dflash_core.serving.worker import default_worker  # noqa: E402
 
 # six user turns of a conversation about one piece of work: each asks for more of the same
 TURNS = [

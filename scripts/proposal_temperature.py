@@ -27,10 +27,10 @@ import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
 # isort: split
 import mlx.core as mx  # noqa: E402
 
-from dflash_core import engine  # noqa: E402
-from dflash_core.loading import load_pair  # noqa: E402
-from dflash_core.registry import DEFAULT_PAIR  # noqa: E402
-from dflash_core.sampling import Sampling  # noqa: E402
+from dflash_core.engine import cycle as engine  # noqa: E402
+from dflash_core.engine.sampling import Sampling  # noqa: E402
+from dflash_core.models.loading import load_pair  # noqa: E402
+from dflash_core.models.registry import DEFAULT_PAIR  # noqa: E402
 
 
 def main():

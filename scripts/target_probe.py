@@ -22,9 +22,9 @@ import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 # isort: split
 import mlx.core as mx  # noqa: E402
 
-from dflash_core.registry import DEFAULT_PAIR, SHIPPED  # noqa: E402
-from dflash_core.tokenizer import encode_prompt  # noqa: E402
-from dflash_core.train_draft import greedy, load_frozen_target  # noqa: E402
+from dflash_core.models.registry import DEFAULT_PAIR, SHIPPED  # noqa: E402
+from dflash_core.models.tokenizer import encode_prompt  # noqa: E402
+from dflash_core.training.train_draft import greedy, load_frozen_target  # noqa: E402
 
 NEW_CODE = [
     ROOT / "assets" / "prompts" / f for f in ("new_python.json", "new_python_confirm.json", "unseen_packages.json")

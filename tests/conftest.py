@@ -1,8 +1,8 @@
 import pytest
 
 import dflash_core  # noqa: F401  (system BLAS before MLX)
-from dflash_core.loading import load_pair
-from dflash_core.random_models import FAMILIES, write_pair
+from dflash_core.models.loading import load_pair
+from dflash_core.training.random_models import FAMILIES, write_pair
 
 pytest_plugins = ["ui_pair"]  # the launched playground fixture, `served`
 

@@ -10,7 +10,7 @@ import pytest
 from cli_run import dflash_cli
 
 from dflash_core import backend
-from dflash_core.loading import load_pair
+from dflash_core.models.loading import load_pair
 
 
 def test_cudnn_attention_is_off_unless_the_user_chose():
@@ -36,7 +36,7 @@ def test_a_gpu_computes_the_default_pair_in_the_dtype_measured_for_it(monkeypatc
     """On a GPU a shipped pair may compute in another dtype than its weights' own
     (registry.GPU_DTYPES: SmolLM2's float16 GGUF in float32); other models keep theirs, and
     DFLASH_DTYPE still wins. Checked on this CPU by taking the GPU's branch."""
-    from dflash_core.registry import gpu_dtype
+    from dflash_core.models.registry import gpu_dtype
 
     assert gpu_dtype("smollm2-135m") == "float32"
     assert gpu_dtype("HuggingFaceTB/SmolLM2-135M-Instruct") == "float32"  # any copy of its weights
@@ -98,7 +98,7 @@ def test_the_faster_thread_count_is_chosen(random_pairs, monkeypatch):
     """The choice follows the measurement, whichever count it favours."""
     from dataclasses import replace
 
-    from dflash_core import pair as pair_module
+    from dflash_core.models import pair as pair_module
 
     real = pair_module.dflash_generate
     for fast in backend.thread_choices():

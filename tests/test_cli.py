@@ -19,10 +19,10 @@ from ui_pair import free_port
 
 from dflash_core import playground
 from dflash_core.cli import main
+from dflash_core.engine.events import CycleEvent, RunSummary
 from dflash_core.errors import DFlashError
-from dflash_core.events import CycleEvent, RunSummary
-from dflash_core.loading import load_pair
-from dflash_core.tokenizer import CHAT_TEMPLATE, TextStream
+from dflash_core.models.loading import load_pair
+from dflash_core.models.tokenizer import CHAT_TEMPLATE, TextStream
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "def f(x):"

@@ -3,8 +3,8 @@
 import pytest
 from code_prompts import PROMPTS
 
-from dflash_core.copy_source import MAX_MATCH, CopySource
-from dflash_core.events import CycleEvent, RunSummary
+from dflash_core.engine.copy_source import MAX_MATCH, CopySource
+from dflash_core.engine.events import CycleEvent, RunSummary
 
 
 def run(gen):

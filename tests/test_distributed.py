@@ -46,8 +46,8 @@ def _exercise(pair) -> dict:
     from test_engine import _corrupting_draft
 
     from dflash_core.engine import oracle_draft
-    from dflash_core.events import CycleEvent
-    from dflash_core.target import Target
+    from dflash_core.engine.events import CycleEvent
+    from dflash_core.engine.target import Target
 
     ids = pair.encode(PROMPT, chat_template=False)
     base = list(pair.baseline(ids, LONG))[-1].tokens
@@ -105,10 +105,10 @@ def _exercise(pair) -> dict:
 
 
 def _worker(out_dir: str, *triples: str):
-    from dflash_core import distributed
     from dflash_core.cli import main
     from dflash_core.errors import DFlashError
-    from dflash_core.loading import load_pair
+    from dflash_core.models import distributed
+    from dflash_core.models.loading import load_pair
 
     report = {"size": distributed.size(), "rank": distributed.rank(), "families": {}}
     for i in range(0, len(triples), 3):
@@ -283,7 +283,7 @@ def test_target_is_split_and_draft_is_whole(reports, family_dirs, family):
     recurrent state; the draft is whole everywhere."""
     from mlx_lm.utils import load_model
 
-    from dflash_core.loading import load_draft
+    from dflash_core.models.loading import load_draft
 
     (r0, _), _ = reports
     report = r0["families"][family]
@@ -314,7 +314,7 @@ def test_sharded_greedy_against_one_process(reports, family_dirs, family, capsys
     """Splitting changes the order of float sums, so the sharded target's greedy tokens may part
     from the one-process target's where its top two logits nearly tie: allowed there only, and said."""
     from dflash_core.engine import first_divergence
-    from dflash_core.loading import load_pair
+    from dflash_core.models.loading import load_pair
 
     (r0, _), _ = reports
     sharded = r0["families"][family]["baseline"]
@@ -381,7 +381,7 @@ def test_doctor_in_one_process(capsys):
 
 def test_a_target_that_does_not_split_is_one_error_line_from_rank_0(tmp_path):
     """Refused before mlx-lm's shard() fails on a shape (or a forward does, later)."""
-    from dflash_core.random_models import write_draft, write_target
+    from dflash_core.training.random_models import write_draft, write_target
 
     target = write_target(tmp_path / "t", "llama", heads=6, kv_heads=3, hidden=48)  # 3 KV heads over 2
     draft = write_draft(tmp_path / "d", target)
@@ -397,8 +397,8 @@ def test_a_target_that_does_not_split_is_one_error_line_from_rank_0(tmp_path):
 
 def test_prompt_from_stdin_is_refused_in_a_group(random_dirs, monkeypatch, capsys):
     """mlx.launch never closes its processes' stdin: reading it would wait forever."""
-    from dflash_core import distributed
     from dflash_core.cli import main
+    from dflash_core.models import distributed
 
     monkeypatch.setattr(distributed, "size", lambda: 2)
     target, draft = map(str, random_dirs["qwen3"])
@@ -413,8 +413,8 @@ def test_check_shardable(random_dirs, tmp_path):
     from mlx_lm.utils import load_model
     from test_engine import MORE_ARCHITECTURES, write_architecture
 
-    from dflash_core.distributed import check_shardable
     from dflash_core.errors import DFlashError
+    from dflash_core.models.distributed import check_shardable
 
     llama, _ = load_model(random_dirs["llama"][0], lazy=True)  # 4 heads, 2 KV heads, MLP 128
     check_shardable(llama, 2)

@@ -5,8 +5,8 @@ import mlx.core as mx
 import pytest
 
 import dflash_core  # noqa: F401  (system BLAS before MLX)
-from dflash_core import draft as draft_module
-from dflash_core.draft import DraftConfig, DraftContext, DraftModel
+from dflash_core.engine import draft as draft_module
+from dflash_core.engine.draft import DraftConfig, DraftContext, DraftModel
 
 WINDOW, BLOCK = 8, 4
 

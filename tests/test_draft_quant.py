@@ -10,8 +10,8 @@ from code_prompts import PROMPTS
 from ui_pair import pin_draft
 
 from dflash_core.cli import main
-from dflash_core.loading import load_pair
-from dflash_core.random_models import FAMILIES, write_draft, write_target
+from dflash_core.models.loading import load_pair
+from dflash_core.training.random_models import FAMILIES, write_draft, write_target
 
 
 def lossless(pair, prompt=PROMPTS[0], max_tokens=32, block_size=8):

@@ -8,10 +8,10 @@ import pytest
 from code_prompts import PROMPTS
 
 from dflash_core.engine import accepted_length, oracle_draft
-from dflash_core.events import CycleEvent, RunSummary
-from dflash_core.policy import confident_prefix
-from dflash_core.random_models import FAMILIES
-from dflash_core.target import Target
+from dflash_core.engine.events import CycleEvent, RunSummary
+from dflash_core.engine.policy import confident_prefix
+from dflash_core.engine.target import Target
+from dflash_core.training.random_models import FAMILIES
 
 
 def run(gen):
@@ -243,7 +243,7 @@ def test_quantized_target_is_lossless(random_dirs, family):
     """4-bit targets (how community MLX conversions ship) keep quantized embeddings and heads."""
     import mlx.nn as nn
 
-    from dflash_core.loading import check_fit, load_pair
+    from dflash_core.models.loading import check_fit, load_pair
 
     pair = load_pair(*map(str, random_dirs[family]))
     nn.quantize(pair.model, group_size=32, bits=4)
@@ -364,8 +364,8 @@ def write_architecture(root, name: str, config: dict, seed: int = 5):
 
     from mlx.utils import tree_flatten
 
-    from dflash_core.random_models import write_draft, write_target
-    from dflash_core.train_target import build_model
+    from dflash_core.training.random_models import write_draft, write_target
+    from dflash_core.training.train_target import build_model
 
     target = write_target(root / name, "llama", seed=seed)
     cfg = {**json.loads((target / "config.json").read_text()), **config}
@@ -394,7 +394,7 @@ def architecture_dirs(tmp_path_factory):
 
 
 def test_every_supported_architecture_is_tested():
-    from dflash_core.target import SUPPORTED_ARCHITECTURES
+    from dflash_core.engine.target import SUPPORTED_ARCHITECTURES
 
     tested = set(FAMILIES) | {"llama" if name == "llama-sliding" else name for name in MORE_ARCHITECTURES}
     assert {"gpt_oss", "qwen3_moe", "qwen3_next", "gemma4_text"} <= set(FAMILIES)
@@ -425,7 +425,7 @@ def test_sliding_window_target_is_lossless(architecture_dirs, name):
     the cache has wrapped before the first cycle, and rollback trims a wrapped cache."""
     from mlx_lm.models.cache import RotatingKVCache
 
-    from dflash_core.loading import load_pair
+    from dflash_core.models.loading import load_pair
 
     pair = load_pair(*map(str, architecture_dirs(name)))
     prompts = [pair.encode(p, chat_template=False) for p in PROMPTS[1:3]]
@@ -437,7 +437,7 @@ def test_sliding_window_target_is_lossless(architecture_dirs, name):
 
 @pytest.mark.slow
 def test_qwen3_5_moe_target_is_lossless(architecture_dirs):
-    from dflash_core.loading import load_pair
+    from dflash_core.models.loading import load_pair
 
     pair = load_pair(*map(str, architecture_dirs("qwen3_5_moe")))
     assert pair.target.hybrid
@@ -447,7 +447,7 @@ def test_qwen3_5_moe_target_is_lossless(architecture_dirs):
 @pytest.mark.parametrize("name", sorted(UNSUPPORTED))
 def test_unsupported_architecture_is_one_clear_error(architecture_dirs, name):
     from dflash_core.errors import DFlashError
-    from dflash_core.loading import load_pair
+    from dflash_core.models.loading import load_pair
 
     with pytest.raises(DFlashError) as e:
         load_pair(*map(str, architecture_dirs(name)))
@@ -460,7 +460,7 @@ def test_the_block_is_embedded_as_the_target_embeds_its_own_input(random_pairs, 
     """Gemma scales its input embeddings by sqrt(hidden) inside its forward: Target.embed (the
     draft's block) gives exactly what the first decoder layer receives, scaled where the family
     scales."""
-    from dflash_core.loading import load_pair
+    from dflash_core.models.loading import load_pair
 
     target = random_pairs[name].target if name in random_pairs else load_pair(*map(str, architecture_dirs(name))).target
     received = []
@@ -488,7 +488,7 @@ def test_draft_head_computes_only_the_vocabulary_rows(random_dirs, bits):
     maps back to its token, spread probabilities sit on the right tokens; made once per vocabulary."""
     import mlx.nn as nn
 
-    from dflash_core.loading import load_pair
+    from dflash_core.models.loading import load_pair
 
     pair = load_pair(*map(str, random_dirs["qwen3"]))
     if bits:

@@ -19,7 +19,7 @@ from mlx_lm.models import base, qwen3  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
-from dflash_core import fused_attention as fa  # noqa: E402
+from dflash_core.engine import fused_attention as fa  # noqa: E402
 
 TF32 = os.environ["MLX_ENABLE_TF32"] != "0"
 

@@ -17,10 +17,10 @@ from tokenizers import pre_tokenizers
 
 import dflash_core  # noqa: F401  (system BLAS before MLX)
 from dflash_core.engine import oracle_draft
+from dflash_core.engine.events import RunSummary
 from dflash_core.errors import DFlashError
-from dflash_core.events import RunSummary
-from dflash_core.loading import load_pair, load_target, resolve
-from dflash_core.random_models import write_draft
+from dflash_core.models.loading import load_pair, load_target, resolve
+from dflash_core.training.random_models import write_draft
 
 pytestmark = pytest.mark.slow
 

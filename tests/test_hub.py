@@ -12,12 +12,12 @@ import pytest
 from hub_cache import put_repo
 from huggingface_hub import constants
 
-from dflash_core import hub
 from dflash_core.cli import main
 from dflash_core.errors import DFlashError
-from dflash_core.loading import load_pair
-from dflash_core.random_models import write_draft, write_target
-from dflash_core.registry import DRAFTS
+from dflash_core.models import hub
+from dflash_core.models.loading import load_pair
+from dflash_core.models.registry import DRAFTS
+from dflash_core.training.random_models import write_draft, write_target
 
 TARGET, DRAFT = "mlx-community/Qwen3-4B-4bit", DRAFTS["Qwen3-4B"]
 OTHER_DRAFT = DRAFTS["Qwen3-8B"]

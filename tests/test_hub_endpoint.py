@@ -20,10 +20,10 @@ from huggingface_hub import constants
 from local_hub import LocalHub
 from ui_pair import free_port
 
-from dflash_core.hub import HUB_FILES
-from dflash_core.memory import gb
-from dflash_core.random_models import write_draft, write_target
-from dflash_core.registry import DRAFTS, GATED, TARGETS
+from dflash_core.models.hub import HUB_FILES
+from dflash_core.models.memory import gb
+from dflash_core.models.registry import DRAFTS, GATED, TARGETS
+from dflash_core.training.random_models import write_draft, write_target
 
 QWEN_TARGET, QWEN_DRAFT = TARGETS["Qwen3-4B"][0], DRAFTS["Qwen3-4B"]
 LLAMA_TARGET, LLAMA_GATED = TARGETS["Llama-3.1-8B-Instruct"]

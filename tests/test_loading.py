@@ -11,8 +11,8 @@ from mlx_lm import stream_generate
 from mlx_lm.sample_utils import make_sampler
 
 from dflash_core.cli import main
-from dflash_core.loading import load_pair
-from dflash_core.random_models import FAMILIES, write_draft, write_pair
+from dflash_core.models.loading import load_pair
+from dflash_core.training.random_models import FAMILIES, write_draft, write_pair
 
 
 def cli_error(capsys, *argv):

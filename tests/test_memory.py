@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from dflash_core import memory
 from dflash_core.cli import main
-from dflash_core.worker import default_worker
+from dflash_core.models import memory
+from dflash_core.serving.worker import default_worker
 
 
 def test_doctor_shows_the_devices_memory(capsys):

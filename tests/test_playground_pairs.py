@@ -12,10 +12,10 @@ from huggingface_hub import constants
 
 from dflash_core.cli import main
 from dflash_core.errors import DFlashError
-from dflash_core.loading import load_pair
-from dflash_core.registry import DRAFTS
-from dflash_core.tokenizer import CHAT_TEMPLATE
-from dflash_core.worker import default_worker
+from dflash_core.models.loading import load_pair
+from dflash_core.models.registry import DRAFTS
+from dflash_core.models.tokenizer import CHAT_TEMPLATE
+from dflash_core.serving.worker import default_worker
 
 PROMPT = "def f(x):"
 NO_PROGRESS = {"progress": lambda *a, **k: None}

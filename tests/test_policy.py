@@ -9,9 +9,9 @@ from code_prompts import PROMPTS
 from test_engine import MORE_ARCHITECTURES, _corrupting_draft, architecture_dirs, run  # noqa: F401 (a fixture)
 from test_sampling import CHI2_999, chi_square, sharp_pair, target_two_tokens  # noqa: F401 (a fixture)
 
-from dflash_core import engine
-from dflash_core.events import CONFIDENCE_EDGES, CycleEvent, Decision
-from dflash_core.policy import (
+from dflash_core.engine import cycle as engine
+from dflash_core.engine.events import CONFIDENCE_EDGES, CycleEvent, Decision
+from dflash_core.engine.policy import (
     CALIBRATION_STEPS,
     MAX_PROBE_WAIT,
     PRIOR_TRIALS,
@@ -25,8 +25,8 @@ from dflash_core.policy import (
     default_policy,
     expected_tokens,
 )
-from dflash_core.random_models import FAMILIES
-from dflash_core.sampling import Sampling
+from dflash_core.engine.sampling import Sampling
+from dflash_core.training.random_models import FAMILIES
 
 # --- the models ------------------------------------------------------------------------------------
 
@@ -273,7 +273,7 @@ def test_interleaved_plain_steps_and_every_verify_size_are_lossless(random_pairs
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama-sliding", "gemma3_text", "gemma4", "qwen3_5_moe"])
 def test_interleaving_is_lossless_on_sliding_window_and_moe_hybrid_targets(request, name, scripted):
-    from dflash_core.loading import load_pair
+    from dflash_core.models.loading import load_pair
 
     pair = load_pair(*map(str, request.getfixturevalue("architecture_dirs")(name)))
     sizes = set()

@@ -10,9 +10,9 @@ from mlx_lm.models.cache import KVCache
 from test_engine import MORE_ARCHITECTURES, write_architecture
 
 from dflash_core.engine import dflash_generate, oracle_draft
-from dflash_core.loading import load_pair
-from dflash_core.prefix_cache import PrefixCache
-from dflash_core.sampling import Sampling
+from dflash_core.engine.prefix_cache import PrefixCache
+from dflash_core.engine.sampling import Sampling
+from dflash_core.models.loading import load_pair
 
 SAMPLING = Sampling(temperature=0.9, top_p=0.95, seed=7)
 
@@ -127,7 +127,7 @@ def test_doctor_shows_the_servers_prefix_cache(capsys):
     import json
 
     from dflash_core.cli import main
-    from dflash_core.prefix_cache import DEFAULT_PREFIX_CACHE_MB
+    from dflash_core.engine.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 
     assert main(["doctor"]) == 0
     assert f"prefix_cache: serve keeps up to {DEFAULT_PREFIX_CACHE_MB} MB" in capsys.readouterr().out

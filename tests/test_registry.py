@@ -8,8 +8,8 @@ import pytest
 import dflash_core  # noqa: F401  (system BLAS before MLX)
 from dflash_core.cli import main
 from dflash_core.errors import DFlashError
-from dflash_core.loading import load_pair
-from dflash_core.registry import DRAFTS, SHIPPED, draft_for, known_pairs
+from dflash_core.models.loading import load_pair
+from dflash_core.models.registry import DRAFTS, SHIPPED, draft_for, known_pairs
 
 
 @pytest.mark.parametrize(
@@ -121,8 +121,8 @@ def test_models_command_lists_every_pair(capsys, monkeypatch):
 def test_every_pair_names_a_family_dflash_serves_and_unconfirmed_names_are_marked(capsys, monkeypatch):
     from huggingface_hub import constants
 
-    from dflash_core.registry import UNCONFIRMED
-    from dflash_core.target import SUPPORTED_ARCHITECTURES
+    from dflash_core.engine.target import SUPPORTED_ARCHITECTURES
+    from dflash_core.models.registry import UNCONFIRMED
 
     pairs = known_pairs()
     assert all(p.family in SUPPORTED_ARCHITECTURES for p in pairs)

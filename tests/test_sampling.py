@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from cli_run import dflash_cli
 
-from dflash_core import sampling as sampling_module
 from dflash_core.engine import oracle_draft
-from dflash_core.sampling import Sampling, speculative_accept
+from dflash_core.engine import sampling as sampling_module
+from dflash_core.engine.sampling import Sampling, speculative_accept
 
 # chi-square critical values at p = 0.001 (a correct sampler fails 1 run in 1,000)
 CHI2_999 = {

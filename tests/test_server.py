@@ -22,12 +22,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from ui_pair import PROMPT, free_port, pinned_random_pair
 
 import dflash_core  # noqa: F401  (system BLAS before MLX)
-from dflash_core.loading import load_pair
-from dflash_core.registry import DEFAULT_PAIR, SHIPPED
-from dflash_core.sampling import Sampling
-from dflash_core.server import create_app
-from dflash_core.tokenizer import TextStream
-from dflash_core.worker import default_worker
+from dflash_core.engine.sampling import Sampling
+from dflash_core.models.loading import load_pair
+from dflash_core.models.registry import DEFAULT_PAIR, SHIPPED
+from dflash_core.models.tokenizer import TextStream
+from dflash_core.serving.routes import create_app
+from dflash_core.serving.worker import default_worker
 
 pytestmark = pytest.mark.slow
 

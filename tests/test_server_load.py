@@ -17,8 +17,8 @@ from test_server import MODEL, greedy, metric_values, serving
 from ui_pair import PROMPT, pinned_random_pair
 
 import dflash_core  # noqa: F401  (system BLAS before MLX)
-from dflash_core.server import create_app
-from dflash_core.worker import Worker, default_worker
+from dflash_core.serving.routes import create_app
+from dflash_core.serving.worker import Worker, default_worker
 
 pytestmark = pytest.mark.slow
 

@@ -14,10 +14,10 @@ from test_server import greedy
 from ui_pair import free_port, pinned_random_pair
 
 import dflash_core  # noqa: F401  (system BLAS before MLX)
-from dflash_core import server as server_module
 from dflash_core.cli import main
 from dflash_core.commands.serve import serving_app
-from dflash_core.worker import default_worker
+from dflash_core.serving import routes as server_module
+from dflash_core.serving.worker import default_worker
 
 pytestmark = pytest.mark.slow
 
@@ -244,7 +244,7 @@ def test_the_servers_policy_and_a_requests_own(pinned):
 def test_a_target_split_across_processes_serves_the_fixed_policy_only(pinned):
     """Each rank's adaptive policy would decide from its own timings: a group's server (its pair a
     distributed.Leader) runs the fixed policy and refuses the adaptive one in one line."""
-    from dflash_core import distributed
+    from dflash_core.models import distributed
 
     with TestClient(server_module.create_app(distributed.Leader(pinned.pair), MODEL)) as c:
         assert c.get("/health").json()["policy"] == "fixed"

@@ -9,8 +9,8 @@ import pytest
 from test_server import MODEL, metric_values, serving
 from ui_pair import pinned_random_pair
 
-from dflash_core.tokenizer import chat_ids
-from dflash_core.worker import default_worker
+from dflash_core.models.tokenizer import chat_ids
+from dflash_core.serving.worker import default_worker
 
 pytestmark = pytest.mark.slow
 

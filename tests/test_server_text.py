@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
+from dflash_core.engine.events import CycleEvent, RunSummary
 from dflash_core.errors import DFlashError
-from dflash_core.events import CycleEvent, RunSummary
-from dflash_core.server import create_app
+from dflash_core.serving.routes import create_app
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ import mlx.core as mx
 import pytest
 from cli_run import dflash_cli
 
-from dflash_core.chat_prompts import HELDOUT
-from dflash_core.loading import load_pair, resolve
-from dflash_core.registry import ASSETS, DEFAULT_PAIR, SHIPPED
+from dflash_core.models.loading import load_pair, resolve
+from dflash_core.models.registry import ASSETS, DEFAULT_PAIR, SHIPPED
+from dflash_core.training.chat_prompts import HELDOUT
 
 pytestmark = pytest.mark.slow
 
@@ -133,8 +133,8 @@ def test_default_pair_answers_like_a_chat_model():
 
 def test_missing_gguf_is_one_error_line(tmp_path, monkeypatch):
     """Without the GGUF (install.sh not run), loading the default pair says how to fetch it."""
-    from dflash_core import loading
     from dflash_core.errors import DFlashError
+    from dflash_core.models import loading
 
     target, draft = SHIPPED[DEFAULT_PAIR]
     monkeypatch.setitem(loading.SHIPPED, DEFAULT_PAIR, (tmp_path / target.name, draft))

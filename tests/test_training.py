@@ -14,13 +14,13 @@ import pytest
 from code_prompts import PROMPTS
 from mlx.utils import tree_flatten
 
-from dflash_core import train_draft
 from dflash_core.cli import main
-from dflash_core.draft import DraftContext
-from dflash_core.loading import load_pair, resolve
-from dflash_core.registry import DEFAULT_PAIR, SHIPPED
-from dflash_core.target import Target
-from dflash_core.train_draft import (
+from dflash_core.engine.draft import DraftContext
+from dflash_core.engine.target import Target
+from dflash_core.models.loading import load_pair, resolve
+from dflash_core.models.registry import DEFAULT_PAIR, SHIPPED
+from dflash_core.training import train_draft
+from dflash_core.training.train_draft import (
     Sequences,
     add_layers,
     block_logits,
@@ -137,7 +137,7 @@ def test_large_weights_are_sharded_and_load_the_same(tmp_path, trained):
     and this project's loader read them back to the same logits."""
     from mlx_lm.utils import load
 
-    from dflash_core.training import write_weights
+    from dflash_core.training.common import write_weights
 
     target, _ = trained
     sharded = tmp_path / "sharded"
@@ -412,7 +412,7 @@ def test_renamed_names_are_consistent_and_keep_the_code_valid(corpus):
     import random
     import tokenize
 
-    from dflash_core.corpus import with_renamed_names
+    from dflash_core.training.corpus import with_renamed_names
 
     texts = [f.read_text() for f in sorted(corpus.glob("*.py"))]
     assert with_renamed_names(texts, 0.0, random.Random(0)) == texts

@@ -11,8 +11,8 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from ui_pair import MAX_TOKENS, PROMPT
 
-from dflash_core.events import CycleEvent, Divergence, RunSummary, TokenEvent
-from dflash_core.worker import default_worker
+from dflash_core.engine.events import CycleEvent, Divergence, RunSummary, TokenEvent
+from dflash_core.serving.worker import default_worker
 from ui.runner import Comparison, compare
 
 pytestmark = pytest.mark.slow
@@ -280,7 +280,7 @@ def test_stop_button_keeps_what_was_generated(served, client):
 
 
 def test_picker_offers_hub_pairs_only_when_downloads_are_allowed(tmp_path):
-    from dflash_core.registry import DRAFTS, known_pairs
+    from dflash_core.models.registry import DRAFTS, known_pairs
     from ui.models import Catalogue
 
     local = [(str(tmp_path / "t"), str(tmp_path / "d"))]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dflash_core.events import CycleEvent, CycleTally, Decision, Divergence, RunSummary, TokenEvent
+from dflash_core.engine.events import CycleEvent, CycleTally, Decision, Divergence, RunSummary, TokenEvent
 from ui import assets, charts, render
 
 # token id -> text for the synthetic events

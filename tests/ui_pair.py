@@ -16,10 +16,10 @@ import mlx.core as mx
 import pytest
 
 import dflash_core  # noqa: F401  (system BLAS before MLX)
-from dflash_core.loading import load_pair
-from dflash_core.random_models import write_draft, write_target
-from dflash_core.registry import DEFAULT_PAIR, SHIPPED
-from dflash_core.worker import default_worker
+from dflash_core.models.loading import load_pair
+from dflash_core.models.registry import DEFAULT_PAIR, SHIPPED
+from dflash_core.serving.worker import default_worker
+from dflash_core.training.random_models import write_draft, write_target
 
 PROMPT = "def binary_search(items, target):\n"
 MAX_TOKENS = 48

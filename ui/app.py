@@ -14,12 +14,12 @@ import gradio as gr
 
 from dflash_core.backend import default_min_confidence
 from dflash_core.benchmark import recorded_figure
+from dflash_core.engine.policy import POLICIES
+from dflash_core.engine.sampling import Sampling
 from dflash_core.errors import DFlashError
-from dflash_core.memory import device_memory, gb
-from dflash_core.policy import POLICIES
-from dflash_core.registry import ASSETS as SHIPPED_DIR
-from dflash_core.sampling import Sampling
-from dflash_core.worker import default_worker
+from dflash_core.models.memory import device_memory, gb
+from dflash_core.models.registry import ASSETS as SHIPPED_DIR
+from dflash_core.serving.worker import default_worker
 
 from . import assets, charts, render
 from .models import Catalogue

@@ -5,7 +5,7 @@ from collections import Counter
 
 import plotly.graph_objects as go
 
-from dflash_core.events import CycleTally, RunSummary
+from dflash_core.engine.events import CycleTally, RunSummary
 
 BASELINE_COLOR = "#8b93a7"
 TARGET_COLOR = "#6366f1"

@@ -12,10 +12,10 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from dflash_core.engine.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from dflash_core.errors import DFlashError
-from dflash_core.loading import load_planned, plan_pair, with_draft_quant
-from dflash_core.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
-from dflash_core.registry import CHAT_PAIRS, SHIPPED, known_pairs
+from dflash_core.models.loading import load_planned, plan_pair, with_draft_quant
+from dflash_core.models.registry import CHAT_PAIRS, SHIPPED, known_pairs
 
 HUB_KINDS = {"mlx-4bit": "4-bit MLX", "original": "original weights"}
 

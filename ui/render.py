@@ -7,7 +7,7 @@ gr.HTML sets innerHTML unsanitised, so every piece of model or user text goes th
 import html
 import json
 
-from dflash_core.events import CycleEvent, CycleTally, Divergence, RunSummary
+from dflash_core.engine.events import CycleEvent, CycleTally, Divergence, RunSummary
 
 REPLACEMENT = "\ufffd"
 

@@ -5,8 +5,8 @@ collects the engines' events into a `Comparison` that the page renders."""
 import threading
 from dataclasses import dataclass, field
 
-from dflash_core.events import Divergence, RunSummary, lossless_verdict, to_dict
-from dflash_core.sampling import Sampling
+from dflash_core.engine.events import Divergence, RunSummary, lossless_verdict, to_dict
+from dflash_core.engine.sampling import Sampling
 
 
 @dataclass

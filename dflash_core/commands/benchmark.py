@@ -4,11 +4,11 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import distributed
 from ..argtypes import positive_int, probability, whole_number
 from ..benchmark import divergence_line, load_prompts, run_benchmark
+from ..engine.policy import POLICIES
 from ..errors import DFlashError
-from ..policy import POLICIES
+from ..models import distributed
 from .common import (
     add_block_size_args,
     add_chat_template_args,

@@ -5,11 +5,11 @@ import argparse
 import json
 import sys
 
-from .. import distributed
 from ..argtypes import positive_int, probability, temperature, top_p
+from ..engine.policy import POLICIES
 from ..errors import DFlashError
-from ..loading import DRAFT_QUANT_BITS, load_pair
-from ..policy import POLICIES
+from ..models import distributed
+from ..models.loading import DRAFT_QUANT_BITS, load_pair
 
 
 def add_pair_args(p):
@@ -173,7 +173,7 @@ def add_sampling_args(p):
 
 def sampling_of(args):
     """The Sampling the flags ask for, or None for greedy decoding."""
-    from ..sampling import Sampling
+    from ..engine.sampling import Sampling
 
     if args.temperature == 0:
         if args.top_p < 1 or args.seed is not None:

@@ -3,8 +3,9 @@ process group under mlx.launch."""
 
 import json
 
-from .. import backend, distributed, memory
-from ..prefix_cache import DEFAULT_PREFIX_CACHE_MB
+from .. import backend
+from ..engine.prefix_cache import DEFAULT_PREFIX_CACHE_MB
+from ..models import distributed, memory
 
 
 def add_parser(sub):

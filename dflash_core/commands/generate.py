@@ -4,11 +4,11 @@ with the same seed)."""
 import json
 import sys
 
-from .. import distributed
 from ..argtypes import whole_number
+from ..engine.events import CycleEvent, RunSummary, lossless_verdict
 from ..errors import DFlashError
-from ..events import CycleEvent, RunSummary, lossless_verdict
-from ..tokenizer import TextStream
+from ..models import distributed
+from ..models.tokenizer import TextStream
 from .common import (
     add_block_size_args,
     add_chat_template_args,

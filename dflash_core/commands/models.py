@@ -7,10 +7,10 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..hub import RepoSize, local_size, size
-from ..memory import gb
-from ..registry import SHIPPED, known_pairs
-from ..target import SUPPORTED_ARCHITECTURES
+from ..engine.target import SUPPORTED_ARCHITECTURES
+from ..models.hub import RepoSize, local_size, size
+from ..models.memory import gb
+from ..models.registry import SHIPPED, known_pairs
 
 
 def add_parser(sub):

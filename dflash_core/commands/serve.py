@@ -6,11 +6,11 @@ import secrets
 import socket
 import sys
 
-from .. import distributed
 from ..argtypes import count, positive_int
 from ..errors import DFlashError
-from ..registry import DEFAULT_PAIR
-from ..worker import default_worker
+from ..models import distributed
+from ..models.registry import DEFAULT_PAIR
+from ..serving.worker import default_worker
 from .common import add_pair_args, add_policy_args, load, log, policy_of
 
 
@@ -119,7 +119,7 @@ def serving_app(pair, model_id: str, playground: dict = None, **options):
     """The app `serve` serves: server.create_app(**options), with the playground at / when
     `playground` gives build_app's model/draft (e.g. {"model": None, "draft": None} for the shipped
     default). app.state.playground says whether the playground is mounted."""
-    from ..server import create_app
+    from ..serving.routes import create_app
 
     app = create_app(pair, model_id, **options)
     app.state.playground = playground is not None and mount_playground(app, **playground)
@@ -127,7 +127,7 @@ def serving_app(pair, model_id: str, playground: dict = None, **options):
 
 
 def run(args) -> int:
-    from ..server import serve
+    from ..serving.routes import serve
 
     policy = server_policy_options(args, distributed.size() > 1)  # on every rank, before anything loads
     if distributed.primary():  # under mlx.launch only rank 0 serves HTTP

@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-from .. import train_draft
 from ..errors import DFlashError
-from ..loading import resolve
-from ..model_card import draft_card
+from ..models.loading import resolve
+from ..training import train_draft
+from ..training.model_card import draft_card
 from .common import run_standalone, save_training_record
 
 

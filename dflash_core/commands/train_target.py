@@ -3,8 +3,8 @@
 import platform
 import time
 
-from .. import train_target
-from ..model_card import target_card
+from ..training import train_target
+from ..training.model_card import target_card
 from .common import run_standalone, save_training_record
 
 

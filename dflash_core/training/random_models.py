@@ -10,8 +10,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from .draft import DraftConfig, DraftModel
-from .tokenizer import EOS, IM_END, MASK, save_tokenizer, train_bpe
+from ..engine.draft import DraftConfig, DraftModel
+from ..models.tokenizer import EOS, IM_END, MASK, save_tokenizer, train_bpe
 from .train_target import build_model, model_config
 
 WINDOW = 8  # the sliding-window families' window: shorter than a test prompt, so their caches wrap

@@ -13,7 +13,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 from tqdm import tqdm
 
-from .backend import DTYPES
+from ..backend import DTYPES
 
 
 def add_compute_arguments(p):

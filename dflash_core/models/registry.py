@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import layout
-from .errors import DFlashError
+from .. import layout
+from ..errors import DFlashError
 
 ASSETS = layout.ASSETS / "models"
 # Shipped pairs: name -> (target dir or GGUF file, draft dir). The first is the default. SmolLM2's

@@ -7,15 +7,16 @@ from pathlib import Path
 
 from mlx.utils import tree_flatten
 
-from . import backend, distributed, memory
-from .benchmark import recorded_benchmark
-from .draft import QUANT_GROUP, DraftModel
-from .engine import baseline_generate, dflash_generate, first_divergence
-from .errors import DFlashError
-from .events import CONFIDENCE_EDGES
-from .policy import POLICIES, default_policy
-from .prefix_cache import PrefixCache
-from .target import Target
+from .. import backend
+from ..benchmark import recorded_benchmark
+from ..engine.cycle import baseline_generate, dflash_generate, first_divergence
+from ..engine.draft import QUANT_GROUP, DraftModel
+from ..engine.events import CONFIDENCE_EDGES
+from ..engine.policy import POLICIES, default_policy
+from ..engine.prefix_cache import PrefixCache
+from ..engine.target import Target
+from ..errors import DFlashError
+from . import distributed, memory
 from .tokenizer import encode_prompt
 
 

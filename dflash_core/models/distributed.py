@@ -30,9 +30,9 @@ from dataclasses import asdict
 import mlx.core as mx
 import numpy as np
 
-from .errors import DFlashError
-from .sampling import Sampling
-from .target import check_architecture
+from ..engine.sampling import Sampling
+from ..engine.target import check_architecture
+from ..errors import DFlashError
 
 # mlx-lm model modules whose shard() DFlash runs on (each tested sharded, tests/test_distributed.py),
 # and the sizes shard() divides by the group size: a size that does not divide fails inside

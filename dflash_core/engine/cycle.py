@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
 
-from . import backend
+from .. import backend
 from .copy_source import CopySource
 from .draft import DraftContext, DraftModel
 from .events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from . import backend, distributed, hub, memory
-from .draft import DRAFT_VOCAB_FILE, QUANT_GROUP, DraftConfig, DraftModel, quantize_draft
-from .errors import DFlashError
+from .. import backend
+from ..engine.draft import DRAFT_VOCAB_FILE, QUANT_GROUP, DraftConfig, DraftModel, quantize_draft
+from ..engine.target import Target
+from ..errors import DFlashError
+from . import distributed, hub, memory
 from .pair import Pair
 from .registry import CHAT_PAIRS, DEFAULT_PAIR, SHIPPED, SMOLLM2_FETCH, draft_for, gpu_dtype
-from .target import Target
 
 DRAFT_QUANT_BITS = (4, 8)
 

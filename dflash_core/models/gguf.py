@@ -18,7 +18,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .errors import DFlashError
+from ..errors import DFlashError
 
 GROUP_SIZE = 32  # MLX's GGUF reader quantizes every supported type in groups of 32
 LAYER_NAMES = {

@@ -48,12 +48,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from .errors import DFlashError
-from .events import CycleEvent, RunSummary
-from .policy import POLICIES
-from .prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
-from .sampling import Sampling
-from .tokenizer import TextStream, chat_ids
+from ..engine.events import CycleEvent, RunSummary
+from ..engine.policy import POLICIES
+from ..engine.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
+from ..engine.sampling import Sampling
+from ..errors import DFlashError
+from ..models.tokenizer import TextStream, chat_ids
 from .worker import default_worker
 
 DEFAULT_MAX_TOKENS = 256  # when a request gives none (clipped to the room left in the context)

@@ -17,12 +17,12 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .argtypes import count, positive_int, probability
-from .backend import DTYPES
+from ..argtypes import count, positive_int, probability
+from ..backend import DTYPES
+from ..errors import DFlashError
+from ..models.tokenizer import EOS, IM_END, IM_START, save_tokenizer, train_bpe
+from .common import Run, add_compute_arguments, count_params, make_step, write_weights
 from .corpus import read_corpus, renamed_copies, stdlib_dir, top_level_prompts
-from .errors import DFlashError
-from .tokenizer import EOS, IM_END, IM_START, save_tokenizer, train_bpe
-from .training import Run, add_compute_arguments, count_params, make_step, write_weights
 
 # ---------------------------------------------------------------------------- samples
 

@@ -12,7 +12,7 @@ import time
 
 import mlx.core as mx
 
-from .layout import ASSETS
+from ..layout import ASSETS
 
 PROMPTS = ASSETS / "prompts"
 MIX = PROMPTS / "chat_mix.json"

@@ -9,7 +9,7 @@ has been loaded (measured).
 
 import os
 
-from . import backend
+from .. import backend
 
 mx = backend.mx
 NEAR_LIMIT = 0.9  # the share of the working set past which loading a pair warns (as mlx-lm)

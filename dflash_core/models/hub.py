@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from .errors import DFlashError
+from ..errors import DFlashError
 from .memory import gb
 
 # The files a model needs: weights, configs, tokenizer, chat template (no README, images, other formats)

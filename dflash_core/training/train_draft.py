@@ -27,15 +27,15 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.sample_utils import make_sampler
 
-from .argtypes import count, positive_int, probability
-from .backend import DTYPES
+from ..argtypes import count, positive_int, probability
+from ..backend import DTYPES
+from ..engine.cycle import baseline_generate, dflash_generate
+from ..engine.draft import DRAFT_VOCAB_FILE, DraftConfig, DraftModel
+from ..engine.target import Target
+from ..errors import DFlashError
+from ..models.tokenizer import encode_prompt
+from .common import Run, add_compute_arguments, count_params, make_step, write_weights
 from .corpus import read_corpus, stdlib_dir, top_level_prompts, with_renamed_names
-from .draft import DRAFT_VOCAB_FILE, DraftConfig, DraftModel
-from .engine import baseline_generate, dflash_generate
-from .errors import DFlashError
-from .target import Target
-from .tokenizer import encode_prompt
-from .training import Run, add_compute_arguments, count_params, make_step, write_weights
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -297,7 +297,7 @@ def resumed_draft(model, args) -> DraftModel:
     """--resume: the draft to continue from (its shape, taps and mask id win), in float32, grown
     by --add-layers. A --block-size retrains it for another block length: the weights do not
     depend on it, only the positions the loss covers and their weights."""
-    from .loading import check_fit, load_draft
+    from ..models.loading import check_fit, load_draft
 
     draft = load_draft(Path(args.resume))
     draft.set_dtype(mx.float32)
@@ -372,7 +372,7 @@ def load_frozen_target(path: str, dtype=mx.float32):
     """(model, tokenizer), frozen, in `dtype`: a local directory, hub id or GGUF file."""
     from mlx_lm.utils import dequantize_model, load
 
-    from .loading import resolve
+    from ..models.loading import resolve
 
     model, tokenizer = load(str(resolve(str(path), "target")))
     dequantize_model(model)  # a quantized target (e.g. from a GGUF) trains as the CPU engine runs it

@@ -13,8 +13,8 @@ import mlx.core as mx
 from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
 
+from ..errors import DFlashError
 from . import fused_attention
-from .errors import DFlashError
 
 PREFILL_CHUNK = 512
 # The mlx-lm model modules (after mlx-lm's renames: a "mistral" config runs llama's) whose caches
