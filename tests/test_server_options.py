@@ -275,7 +275,7 @@ def test_an_unsupported_architecture_is_one_error_line(mamba, command, capsys):
 
 
 def test_the_playground_shows_an_unsupported_architecture_as_a_message(pinned, mamba):
-    from ui.app import Playground
+    from ui.handlers import Playground
     from ui.models import Catalogue
 
     target, draft = mamba
