@@ -1,5 +1,5 @@
 """The playground page: Gradio Blocks over the engine's events (ui/runner.py collects them,
-ui/render.py and ui/charts.py draw them). Here the page's layout and its wiring (ui/handlers.py
+ui/render/ and ui/charts.py draw them). Here the page's layout and its wiring (ui/handlers.py
 handles its events, ui/view.py draws each frame). No engine logic here."""
 
 import gradio as gr
