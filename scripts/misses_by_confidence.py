@@ -26,7 +26,8 @@ from dflash_core.engine.target import Target  # noqa: E402
 from dflash_core.models.loading import load_draft  # noqa: E402
 from dflash_core.models.registry import DEFAULT_PAIR, SHIPPED  # noqa: E402
 from dflash_core.models.tokenizer import encode_prompt  # noqa: E402
-from dflash_core.training.train_draft import block_logits, greedy, load_frozen_target, tapped_hidden  # noqa: E402
+from dflash_core.training.decoding import greedy, load_frozen_target  # noqa: E402
+from dflash_core.training.draft_blocks import block_logits, tapped_hidden  # noqa: E402
 
 BUCKETS = [(0.0, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 0.99), (0.99, 1.01)]
 

@@ -24,7 +24,7 @@ import mlx.core as mx  # noqa: E402
 
 from dflash_core.models.registry import DEFAULT_PAIR, SHIPPED  # noqa: E402
 from dflash_core.models.tokenizer import encode_prompt  # noqa: E402
-from dflash_core.training.train_draft import greedy, load_frozen_target  # noqa: E402
+from dflash_core.training.decoding import greedy, load_frozen_target  # noqa: E402
 
 NEW_CODE = [
     ROOT / "assets" / "prompts" / f for f in ("new_python.json", "new_python_confirm.json", "unseen_packages.json")

@@ -9,7 +9,7 @@ import pytest
 import dflash_core  # noqa: F401  (system BLAS before MLX)
 from dflash_core.models.registry import DEFAULT_PAIR, SHIPPED
 from dflash_core.training.chat_prompts import HELDOUT, MIX, chat_prompts, template_prompts, user_turn_prefix
-from dflash_core.training.train_draft import load_frozen_target
+from dflash_core.training.decoding import load_frozen_target
 
 
 def test_template_prompts_are_distinct_filled_requests_of_every_kind():

@@ -58,7 +58,7 @@ def test_a_pair_that_fits_is_not_warned_about(random_dirs, capsys):
 
 
 def test_the_page_shows_the_warning(random_dirs, small_device):
-    from ui.app import Playground
+    from ui.handlers import Playground
     from ui.models import Catalogue
 
     t, d = map(str, random_dirs["qwen3"])

@@ -43,7 +43,7 @@ def cli_json(capsys, *argv) -> dict:
 def test_generate_benchmark_and_the_page_share_one_chat_template_default(pair_of, random_dirs, capsys):
     """The stdlib pair completes code (template off by default), a chat model gets its template:
     the same in generate, benchmark and the page's checkbox."""
-    from ui.app import Playground
+    from ui.handlers import Playground
     from ui.models import Catalogue
 
     model, draft = ("stdlib-hybrid", None) if pair_of == "stdlib-hybrid" else map(str, random_dirs["qwen3"])
@@ -127,7 +127,7 @@ def test_a_hub_pair_shows_its_size_and_downloads_only_when_asked(random_dirs, tm
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import ModelInfo
 
-    from ui.app import Playground
+    from ui.handlers import Playground
     from ui.models import Catalogue
 
     t, d = random_dirs["qwen3"]

@@ -16,6 +16,7 @@ from ui_pair import free_port, pinned_random_pair
 import dflash_core  # noqa: F401  (system BLAS before MLX)
 from dflash_core.cli import main
 from dflash_core.commands.serve import serving_app
+from dflash_core.serving import jobs
 from dflash_core.serving import routes as server_module
 from dflash_core.serving.worker import default_worker
 
@@ -120,7 +121,7 @@ def test_allowed_origins_answer_cors(pinned):
 def test_generation_runs_inside_mlx_lms_wired_limit(pinned, monkeypatch):
     from mlx_lm.generate import wired_limit
 
-    assert server_module.wired_limit is wired_limit
+    assert jobs.wired_limit is wired_limit
     seen = []
 
     @contextlib.contextmanager
@@ -129,7 +130,7 @@ def test_generation_runs_inside_mlx_lms_wired_limit(pinned, monkeypatch):
         yield
         seen.append(("exit",))
 
-    monkeypatch.setattr(server_module, "wired_limit", recording)
+    monkeypatch.setattr(jobs, "wired_limit", recording)
     with client(pinned) as c:
         assert completion(c, max_tokens=4).status_code == 200
         assert completion(c, max_tokens=4, temperature=0.5, stream=True).status_code == 200
@@ -274,7 +275,7 @@ def test_an_unsupported_architecture_is_one_error_line(mamba, command, capsys):
 
 
 def test_the_playground_shows_an_unsupported_architecture_as_a_message(pinned, mamba):
-    from ui.app import Playground
+    from ui.handlers import Playground
     from ui.models import Catalogue
 
     target, draft = mamba

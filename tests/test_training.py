@@ -19,20 +19,11 @@ from dflash_core.engine.draft import DraftContext
 from dflash_core.engine.target import Target
 from dflash_core.models.loading import load_pair, resolve
 from dflash_core.models.registry import DEFAULT_PAIR, SHIPPED
-from dflash_core.training import train_draft
-from dflash_core.training.train_draft import (
-    Sequences,
-    add_layers,
-    block_logits,
-    decode_batch,
-    draft_vocab,
-    greedy,
-    load_frozen_target,
-    make_batch,
-    regenerate,
-    tapped_hidden,
-    teacher_logits,
-)
+from dflash_core.training import decoding, train_draft
+from dflash_core.training.decoding import decode_batch, greedy, load_frozen_target, regenerate
+from dflash_core.training.draft_blocks import block_logits, make_batch, tapped_hidden, teacher_logits
+from dflash_core.training.draft_data import Sequences, draft_vocab
+from dflash_core.training.train_draft import add_layers
 
 pytestmark = pytest.mark.slow
 
@@ -246,7 +237,7 @@ def test_regenerate_halves_batches_that_mlx_refuses(random_dirs, monkeypatch):
     model, tokenizer = load_frozen_target(str(random_dirs["qwen3"][0]))
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     want = regenerate(model, tokenizer, prompts, 12, 8, log=lambda _: None)
-    real, sizes, logs = train_draft.decode_batch, [], []
+    real, sizes, logs = decoding.decode_batch, [], []
 
     def refuse_large(model, chunk, *args):
         sizes.append(len(chunk))
@@ -254,7 +245,7 @@ def test_regenerate_halves_batches_that_mlx_refuses(random_dirs, monkeypatch):
             raise RuntimeError("cudaGraphAddKernelNode failed: invalid argument")
         return real(model, chunk, *args)
 
-    monkeypatch.setattr(train_draft, "decode_batch", refuse_large)
+    monkeypatch.setattr(decoding, "decode_batch", refuse_large)
     assert regenerate(model, tokenizer, prompts, 12, 8, log=logs.append) == want
     assert sizes[:3] == [len(prompts), 4, 2] and set(sizes[3:]) <= {1, 2}
     assert any("batches of 2" in m for m in logs)
@@ -262,7 +253,7 @@ def test_regenerate_halves_batches_that_mlx_refuses(random_dirs, monkeypatch):
     def refuse_all(model, chunk, *args):
         raise RuntimeError("refused")
 
-    monkeypatch.setattr(train_draft, "decode_batch", refuse_all)
+    monkeypatch.setattr(decoding, "decode_batch", refuse_all)
     with pytest.raises(RuntimeError, match="refused"):
         regenerate(model, tokenizer, prompts, 12, 8, log=lambda _: None)
 

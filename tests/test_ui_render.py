@@ -468,7 +468,7 @@ def prefilled(url: str) -> dict:
     """What the page's form opens with for a link: Playground.prefill on its query."""
     from urllib.parse import parse_qsl, urlsplit
 
-    from ui.app import Playground
+    from ui.handlers import Playground
 
     catalogue = SimpleNamespace(is_chat=lambda key: False)  # no pair: the form's own defaults
     play = Playground(catalogue, worker=None, max_tokens_cap=256)

@@ -1,5 +1,5 @@
 """serve: the OpenAI-compatible API, Prometheus metrics and the playground in one process. The
-core server (dflash_core.server) builds the API alone; this command mounts the playground beside
+core server (dflash_core.serving.routes) builds the API alone; this command mounts the playground beside
 it, so that the server stays usable without the UI."""
 
 import secrets

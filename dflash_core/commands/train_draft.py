@@ -4,7 +4,7 @@ from pathlib import Path
 
 from ..errors import DFlashError
 from ..models.loading import resolve
-from ..training import train_draft
+from ..training import draft_data, train_draft
 from ..training.model_card import draft_card
 from .common import run_standalone, save_training_record
 
@@ -35,7 +35,7 @@ def run(args) -> int:
             )
     log = lambda m: print(m, flush=True)
     if args.data_only:
-        train_draft.write_data(args, log)
+        draft_data.write_data(args, log)
         return 0
     summary = train_draft.train(args, log)
     save_training_record(args.out, "train-draft", summary, draft_card)

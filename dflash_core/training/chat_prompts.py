@@ -48,7 +48,7 @@ def own_prompts(model, tokenizer, n: int, seed: int, batch: int = 512, max_token
     0.95) after an empty user turn, kept when they end their turn within max_tokens."""
     from mlx_lm.sample_utils import make_sampler
 
-    from .train_draft import decode_batch
+    from .decoding import decode_batch
 
     batch = min(batch, 2 * n)  # a few asked for: a few sampled
     prefix = tokenizer.encode(user_turn_prefix(tokenizer), add_special_tokens=False)

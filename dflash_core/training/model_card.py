@@ -73,7 +73,7 @@ It has no embeddings or LM head: it borrows the target's.
   {s["target_layer_ids"]}. Parameters: {s["params"] / 1e6:.2f}M, stored in float16.
 - Data: {s["sequences"]} prompts, their continuations regenerated greedily by the target itself
   ({s["response_tokens"]:,} response tokens).
-- Training (`dflash_core/train_draft.py`): frozen target; batches of {s["batch_size"]} sequences with up to
+- Training (`dflash_core/training/train_draft.py`): frozen target; batches of {s["batch_size"]} sequences with up to
   {s["anchors"]} anchors each, resampled each step; block `[token@anchor, MASK x (B-1)]`; block-sparse
   attention (context strictly before the anchor, own block bidirectional); loss weights
   exp(-(k-1)/{s["loss_gamma"]:g}){distilled}; AdamW, cosine schedule with warm-up; {s["compute_dtype"]} compute.

@@ -6,263 +6,37 @@
   (one per anchor a) is `[token[a], MASK x (B-1)]` at positions a..a+B-1; its queries see the
   context features of positions < a and their own block (bidirectionally), nothing else;
   position j of the block predicts token[a + j], weighted exp(-(j-1)/gamma).
-- The forward below uses the inference model's own modules (`DraftModel`: fc, hidden_norm,
+- The forward (draft_blocks) uses the inference model's own modules (`DraftModel`: fc, hidden_norm,
   q/k norms, rope, `keys_values`), and the target's taps come from the engine's `Target`, so
   training sees exactly what the engine computes at inference.
 - Evaluation runs the real engine loop (`engine.dflash_generate`) and reports tokens per cycle;
   with --val-sequences also the loss on sequences held out of training.
+
+Here: the run (train, the new or resumed draft, saving, the command's options); its data is in
+draft_data (prompts and the target's replies, decoded by decoding), its blocks and loss in draft_blocks.
 """
 
 import json
 import math
-import random
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.sample_utils import make_sampler
 
 from ..argtypes import count, positive_int, probability
 from ..backend import DTYPES
-from ..engine.cycle import baseline_generate, dflash_generate
-from ..engine.draft import DRAFT_VOCAB_FILE, DraftConfig, DraftModel
+from ..engine.cycle import dflash_generate
+from ..engine.draft import DraftConfig, DraftModel
 from ..engine.target import Target
 from ..errors import DFlashError
-from ..models.tokenizer import encode_prompt
 from .common import Run, add_compute_arguments, count_params, make_step, write_weights
-from .corpus import read_corpus, stdlib_dir, top_level_prompts, with_renamed_names
-
-GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
-
-
-def loss_gamma(block_size: int) -> float:
-    return GAMMA.get(block_size, max(2.0, 7.0 * block_size / 16))
-
-
-# ---------------------------------------------------------------------------- data
-
-
-def prompt_texts(data: str, seed: int, n: int) -> tuple:
-    """(train prompts, eval prompts) as user texts. data: 'stdlib' (this interpreter's standard
-    library, minus the target trainer's held-out files), a directory or file of source text
-    (prompts are top-level lines of it), or a .jsonl file with a "prompt" field per line."""
-    rng = random.Random(seed)
-    path = Path(data)
-    if data == "stdlib":
-        docs, heldout = read_corpus(stdlib_dir())
-        prompts = [p for _, text in docs for p in top_level_prompts(text, rng, math.ceil(n * 1.3 / len(docs)))]
-        rng.shuffle(prompts)
-        eval_prompts = [p for _, text in heldout for p in top_level_prompts(text, rng, 1)]
-        rng.shuffle(eval_prompts)
-        return prompts[:n], eval_prompts
-    elif path.suffix == ".jsonl" and path.is_file():
-        prompts = []
-        for line in path.read_text().splitlines():
-            if line.strip():
-                try:
-                    prompts.append(json.loads(line)["prompt"])
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise DFlashError(f'{path}: every line must be a JSON object with a "prompt" field') from None
-        rng.shuffle(prompts)
-        n_eval = max(1, min(8, len(prompts) // 10))
-        return prompts[n_eval:], prompts[:n_eval]
-    elif path.is_dir():
-        docs = [
-            (str(f), f.read_text(errors="replace"))
-            for f in sorted(path.rglob("*"))
-            if f.is_file() and f.suffix in (".py", ".txt", ".md")
-        ]
-    elif path.is_file():
-        docs = [(str(path), path.read_text(errors="replace"))]
-    else:
-        raise DFlashError(f"--data '{data}' is neither 'stdlib', a directory, nor a file")
-    if not docs:
-        raise DFlashError(f"--data '{data}' holds no .py/.txt/.md text")
-    per_doc = max(1, math.ceil(n * 1.3 / len(docs)))
-    prompts = [p for _, text in docs for p in top_level_prompts(text, rng, per_doc)]
-    rng.shuffle(prompts)
-    if len(prompts) < 2:
-        raise DFlashError(f"--data '{data}' gave too few prompts ({len(prompts)})")
-    n_eval = max(1, min(8, len(prompts) // 10))
-    return prompts[n_eval : n_eval + n], prompts[:n_eval]
-
-
-def regenerate(model, tokenizer, prompts: list, max_new: int, batch: int, log=print, temperature: float = 0.0) -> list:
-    """The target's own continuations (token ids; greedy, or sampled at `temperature` > 0), in the
-    prompts' order: a row that stopped ends with one EOS (the tokenizer's first), any other has
-    max_new tokens."""
-    eos = list(tokenizer.eos_token_ids)
-    sampler = make_sampler(temperature) if temperature > 0 else None
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together: less padding
-    out = [None] * len(prompts)
-    t0, s = time.time(), 0
-    while s < len(order):
-        idx = order[s : s + batch]
-        try:
-            rows = decode_batch(model, [prompts[i] for i in idx], max_new, eos, sampler)
-        except RuntimeError as e:
-            # MLX CUDA 0.32 refused 1,200 qwen3_5 rows at once (a CUDA-graph error) and ran 8: halve and go on
-            if batch == 1:
-                raise
-            batch //= 2
-            log(f"batched generation failed ({str(e).splitlines()[0][:80]}); batches of {batch} from here")
-            continue
-        for i, row in zip(idx, rows):
-            stop = next((j for j, t in enumerate(row) if t in eos), None)
-            out[i] = row if stop is None else row[:stop] + eos[:1]  # what follows an EOS is junk
-        s += len(idx)
-        log(f"regenerated {s}/{len(prompts)} continuations, {time.time() - t0:.0f}s")
-    return out
-
-
-def decode_batch(model, prompts: list, max_new: int, eos: list, sampler=None) -> list:
-    """Continuations of the prompts at once, greedy (or drawn by an mlx-lm `sampler` from each
-    row's log-probabilities), max_new tokens a row, fewer once every row has produced an EOS; a
-    row goes on after its EOS. A bare loop: mlx-lm's batch_generate spends most of its time in
-    per-token bookkeeping (10x slower on an H200)."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    # The caches as mlx-lm's BatchGenerator makes them, so every layer kind it batches works (attention,
-    # GatedDeltaNet): each layer's cache merged across the rows, the prompts prefilled right-padded (the
-    # GatedDeltaNet state stops at each row's length), then finalize moves the padding to the left, so
-    # every row's next token goes in one column.
-    cache = [layer[0].merge(list(layer)) for layer in zip(*(make_prompt_cache(model) for _ in prompts))]
-    heads = [p[:-1] for p in prompts]  # the last prompt token is the first decode input
-    lengths = [len(h) for h in heads]
-    width = max(lengths)
-    if width:
-        pad = [width - n for n in lengths]
-        for c in cache:
-            c.prepare(lengths=lengths, right_padding=pad)
-        model(mx.array([h + [0] * k for h, k in zip(heads, pad)]), cache=cache)
-        for c in cache:
-            c.finalize()
-    tok = mx.array([p[-1] for p in prompts])
-    eos_ids = mx.array(eos)
-    done = mx.zeros(len(prompts), dtype=mx.bool_)
-    outs = []
-    for step in range(max_new):
-        logits = model(tok[:, None], cache=cache)[:, -1]
-        if sampler is None:
-            tok = mx.argmax(logits, axis=-1)
-        else:
-            tok = sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
-        done = done | (tok[:, None] == eos_ids).any(axis=1)
-        mx.async_eval(tok, done)  # queue this step while the next one is built
-        outs.append(tok)
-        if step % 32 == 31 and done.all().item():  # a sync every 32 steps costs little
-            break
-    return mx.stack(outs, axis=1).tolist()
-
-
-def greedy(model, prompt: list, max_new: int, eos: set) -> list:
-    """Plain greedy continuation (the engine's baseline), with the EOS it stopped at."""
-    *_, run = baseline_generate(model, prompt, max_tokens=max_new, eos_ids=eos)
-    return run.tokens
-
-
-class Sequences:
-    """Prompt + response token ids padded to one length, with where each response starts/ends."""
-
-    def __init__(self, prompts: list, responses: list, pad_id: int):
-        lens = [len(p) + len(r) for p, r in zip(prompts, responses)]
-        self.length = max(lens)
-        self.ids = np.full((len(prompts), self.length), pad_id, dtype=np.int32)
-        for i, (p, r) in enumerate(zip(prompts, responses)):
-            self.ids[i, : lens[i]] = p + r
-        self.start = np.array([len(p) for p in prompts])
-        self.end = np.array(lens)  # exclusive
-
-    def __len__(self):
-        return len(self.ids)
-
-    def anchors(self, rows, n: int, block: int, rng) -> tuple:
-        """(anchors, valid) each (len(rows), n): up to n distinct anchors a per row with
-        start <= a <= end - block (a full block of labels); unused slots are invalid."""
-        anchors = np.zeros((len(rows), n), dtype=np.int32)
-        valid = np.zeros((len(rows), n), dtype=bool)
-        for j, r in enumerate(rows):
-            cand = np.arange(self.start[r], self.end[r] - block + 1)
-            if len(cand) == 0:
-                continue
-            pick = rng.choice(cand, size=min(n, len(cand)), replace=False)
-            anchors[j, : len(pick)] = pick
-            valid[j, : len(pick)] = True
-        return anchors, valid
-
-
-# ---------------------------------------------------------------------------- model
-
-
-def tapped_hidden(target: Target, ids: mx.array) -> list:
-    """The target's hidden states at the draft's tap layers for a batch (B, L), no cache: the
-    same recording the engine's Target does during prefill and verify."""
-    return [mx.stop_gradient(h) for h in target.sequence_taps(ids)]
-
-
-def block_logits(draft: DraftModel, head, taps: list, block_embeds, anchors, seq_of_block):
-    """Draft logits for blocks at positions 1..B-1. taps: per tap (S, L, h) target hidden states;
-    block_embeds (N, B, h); anchors (N,) absolute positions; seq_of_block (N,) sequence index."""
-    feats = draft.context_features(taps)  # (S, L, h)
-    L = feats.shape[1]
-    N, B, _ = block_embeds.shape
-    ctx_pos = mx.arange(L)
-    sees_ctx = ctx_pos[None, :] < anchors[:, None]  # (N, L): strictly before the anchor
-    h = block_embeds
-    for layer in draft.layers:
-        attn = layer.self_attn
-        k, v = attn.keys_values(feats, 0)  # (S, kv, L, d), positions 0..L-1
-        ctx_mask = sees_ctx[:, None, :]
-        if attn.sliding_window is not None:
-            q_pos = anchors[:, None] + mx.arange(B)[None]
-            ctx_mask = ctx_mask & ((q_pos[:, :, None] - ctx_pos[None, None]) < attn.sliding_window)
-        ctx_mask = mx.broadcast_to(ctx_mask, (N, B, L))
-        mask = mx.concatenate([ctx_mask, mx.ones((N, B, B), dtype=mx.bool_)], axis=-1)[:, None]
-        # the inference layer itself, with a per-block offset (RoPE takes an array) and the mask
-        h = layer(h, k[seq_of_block], v[seq_of_block], anchors, mask)
-    return head(draft.norm(h)[:, 1:])
-
-
-def make_batch(data: "Sequences", rows, n_anchors: int, cfg: DraftConfig, weights_k, rng) -> tuple:
-    """The blocks of one step for these sequences: block token ids `[token@anchor, MASK...]`,
-    anchors, each block's sequence, labels at block positions 1..B-1 and their loss weights
-    (zero for unused anchor slots), and how many blocks are real."""
-    B = cfg.block_size
-    anchors, valid = data.anchors(rows, n_anchors, B, rng)
-    ids = data.ids[rows]
-    flat = anchors.reshape(-1)
-    seq_of_block = np.repeat(np.arange(len(rows)), n_anchors)
-    block_ids = np.full((len(flat), B), cfg.mask_token_id, dtype=np.int32)
-    block_ids[:, 0] = ids[seq_of_block, flat]
-    label_pos = flat[:, None] + np.arange(1, B)[None]
-    labels = ids[seq_of_block[:, None], np.minimum(label_pos, data.length - 1)]
-    weights = weights_k[None] * mx.array(valid.reshape(-1, 1).astype(np.float32))
-    return block_ids, flat, seq_of_block, labels, weights, int(valid.sum())
-
-
-def draft_loss(draft, head, taps, block_embeds, anchors, seq_of_block, labels, weights, teacher=None, distill=0.0):
-    """Cross-entropy on the target's greedy tokens, weighted by block position; with distill > 0,
-    mixed with the cross-entropy on the target's whole distribution there (`teacher` logits)."""
-    logits = block_logits(draft, head, taps, block_embeds, anchors, seq_of_block).astype(mx.float32)
-    ce = nn.losses.cross_entropy(logits, labels, reduction="none")
-    if distill:
-        soft = -(mx.softmax(teacher, axis=-1) * nn.log_softmax(logits, axis=-1)).sum(axis=-1)
-        ce = (1 - distill) * ce + distill * soft
-    return (ce * weights).sum() / mx.maximum(weights.sum(), 1e-6)
-
-
-def teacher_logits(head, final_hidden, anchors, seq_of_block, block_size: int):
-    """The target's own logits for each block's labels, from its normed final hidden states
-    (S, L, h): position i predicts token i + 1, so the labels at anchor + 1 .. anchor + B - 1 come
-    from anchor .. anchor + B - 2."""
-    pos = anchors[:, None] + mx.arange(block_size - 1)[None]
-    h = final_hidden[seq_of_block[:, None], pos]  # (blocks, B - 1, hidden)
-    return mx.stop_gradient(head(h).astype(mx.float32))
+from .decoding import load_frozen_target
+from .draft_blocks import Blocks, block_loss, loss_gamma, shuffled_batches, validation_loss
+from .draft_data import Sequences, draft_vocab, training_data, write_draft_vocab
 
 
 def new_draft(model, tokenizer, args) -> DraftModel:
@@ -333,25 +107,6 @@ def save_draft(draft: DraftModel, out: Path, dtype=mx.float16):
     write_draft_vocab(out, draft.config.draft_vocab)
 
 
-def write_draft_vocab(out: Path, vocab: tuple | None):
-    """draft_vocab.json beside config.json; none for a draft without a vocabulary (a file left by
-    an earlier draft in `out` is not this one's)."""
-    if vocab:
-        (out / DRAFT_VOCAB_FILE).write_text(json.dumps({"tokens": list(vocab)}))
-    else:
-        (out / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
-
-
-def draft_vocab(responses: list, size: int, keep: set) -> tuple:
-    """The `size` tokens the target writes most often in these responses, most frequent first,
-    plus `keep` (its EOS tokens): the draft's vocabulary (Target.draft_head). Frequency-ranked
-    vocabularies are FR-Spec's idea (Zhao et al. 2025): a few thousand tokens cover nearly all
-    that a chat model writes."""
-    counts = np.bincount(np.concatenate([np.asarray(r, dtype=np.int64) for r in responses]))
-    ranked = [int(t) for t in np.argsort(-counts, kind="stable")[:size] if counts[t]]
-    return tuple(ranked + sorted(set(keep) - set(ranked)))
-
-
 def tokens_per_cycle(target: Target, draft: DraftModel, prompts: list, max_new: int, eos: set) -> float:
     """Mean tokens per cycle of the real engine loop over the prompts (committed / cycles), every
     proposal verified (the fixed policy): the draft's own figure, whatever a device's costs."""
@@ -363,100 +118,6 @@ def tokens_per_cycle(target: Target, draft: DraftModel, prompts: list, max_new: 
         tokens += len(summary.tokens)
         cycles += summary.cycles
     return tokens / max(cycles, 1)
-
-
-# ---------------------------------------------------------------------------- training
-
-
-def load_frozen_target(path: str, dtype=mx.float32):
-    """(model, tokenizer), frozen, in `dtype`: a local directory, hub id or GGUF file."""
-    from mlx_lm.utils import dequantize_model, load
-
-    from ..models.loading import resolve
-
-    model, tokenizer = load(str(resolve(str(path), "target")))
-    dequantize_model(model)  # a quantized target (e.g. from a GGUF) trains as the CPU engine runs it
-    model.set_dtype(dtype)  # stored in 16 bits; the engine runs float32 on CPU
-    model.eval()
-    model.freeze()
-    return model, tokenizer
-
-
-def training_data(args, model, tokenizer, log=print) -> tuple:
-    """(prompts, responses, eval prompts) as token ids: the target's own greedy continuations,
-    read from --data-cache if it holds them (several files: merged), else regenerated (and
-    written there)."""
-    caches = [Path(c) for c in args.data_cache or []]
-    reuse = reuses_data(caches)
-    if args.data == "chat":  # a chat target's requests: every one in its chat template
-        from .chat_prompts import chat_prompts, heldout_requests
-
-        texts, eval_texts = (
-            ([], heldout_requests())
-            if reuse
-            else chat_prompts(model, tokenizer, args.num_prompts, args.seed, args.own_prompts, log)
-        )
-        chat_fraction = 1.0
-    else:
-        texts, eval_texts = prompt_texts(args.data, args.seed, args.num_prompts)
-        chat_fraction = args.chat_fraction
-    eval_prompts = [encode_prompt(tokenizer, t, True)[-args.max_prompt_tokens :] for t in eval_texts]
-    if reuse:
-        return (*read_data(caches, log), eval_prompts)
-    cache = caches[0] if caches else None
-    texts = with_renamed_names(texts, args.rename_fraction, random.Random(args.seed + 1))
-    rng = random.Random(args.seed)
-    chat = [rng.random() < chat_fraction for _ in texts]
-    prompts = [encode_prompt(tokenizer, t, c)[-args.max_prompt_tokens :] for t, c in zip(texts, chat)]
-    prompts = [list(p) for p in dict.fromkeys(map(tuple, prompts))]  # drawn twice: generated and trained once
-    responses = regenerate(model, tokenizer, prompts, args.response_tokens, args.gen_batch, log, args.reply_temperature)
-    if cache:  # written whole, then renamed: a concurrent run may be waiting for it
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".partial")
-        tmp.write_text(json.dumps({"target": str(args.target), "prompts": prompts, "responses": responses}))
-        tmp.replace(cache)
-    return prompts, responses, eval_prompts
-
-
-def reuses_data(caches: list) -> bool:
-    """Whether --data-cache names data regenerated earlier (several files, or one that exists),
-    to be read rather than written."""
-    return len(caches) > 1 or bool(caches) and Path(caches[0]).is_file()
-
-
-def read_data(paths: list, log=print) -> tuple:
-    """(prompts, responses) from regenerated-data files, in order. A prompt drawn again (by
-    another seed, or twice by one) keeps its first response only: repeats would weigh double."""
-    prompts, responses, seen = [], [], set()
-    for path in paths:
-        if not path.is_file():
-            raise DFlashError(
-                f"--data-cache {path} does not exist; regenerate it first (train-draft --data-only "
-                f"--data-cache {path}): several files are only read"
-            )
-        saved = json.loads(path.read_text())
-        for p, r in zip(saved["prompts"], saved["responses"]):
-            if tuple(p) not in seen:
-                seen.add(tuple(p))
-                prompts.append(p)
-                responses.append(r)
-    where = paths[0] if len(paths) == 1 else f"{len(paths)} files"
-    log(f"data: {len(prompts)} regenerated sequences from {where}")
-    return prompts, responses
-
-
-def write_data(args, log=print):
-    """--data-only: regenerate the data into --data-cache (or read it), train nothing."""
-    model, tokenizer = load_frozen_target(str(args.target))
-    regenerates = not reuses_data(args.data_cache)
-    prompts, responses, _ = training_data(args, model, tokenizer, log)
-    log(f"data: {len(prompts)} sequences, {sum(map(len, responses)):,} response tokens")
-    if regenerates:
-        log(f"wrote {args.data_cache[0]}")
-    if args.draft_vocab:  # for a draft already trained on this data (--out; checked by the command)
-        vocab = draft_vocab(responses, args.draft_vocab, set(tokenizer.eos_token_ids))
-        write_draft_vocab(Path(args.out), vocab)
-        log(f"draft vocabulary: {len(vocab)} tokens written to {Path(args.out) / DRAFT_VOCAB_FILE}")
 
 
 def train(args, log=print) -> dict:
@@ -577,105 +238,6 @@ def training_target(args, model, target: Target, low) -> Target:
     if low == mx.float32 and recorded == target.tap_ids:
         return target
     return Target(model if low == mx.float32 else load_frozen_target(args.target, low)[0], recorded)
-
-
-def shuffled_batches(rows: np.ndarray, size: int, rng):
-    """Batches of `size` rows for ever: each epoch every row once, in a new order."""
-    while True:
-        order = rng.permutation(rows)
-        for s in range(0, len(order), size):
-            yield order[s : s + size]
-
-
-class Blocks:
-    """The inputs of a training step for some of the data's sequences: the target's taps (with
-    distill, then its normed final hidden state: the teacher), the anchors' blocks embedded by
-    the target, their labels and loss weights (see make_batch). The target is frozen: with
-    cache_taps its taps are computed once for all steps."""
-
-    def __init__(
-        self,
-        data: Sequences,
-        target: Target,
-        cfg: DraftConfig,
-        n_anchors: int,
-        distill: bool,
-        cache_taps: bool,
-        log=print,
-    ):
-        self.data, self.target, self.cfg, self.n_anchors, self.distill = data, target, cfg, n_anchors, distill
-        self.n_taps = len(cfg.target_layer_ids)
-        B = cfg.block_size
-        self.weights_k = mx.array([math.exp(-(k - 1) / loss_gamma(B)) for k in range(1, B)])
-        self.cached = cached_taps(target, data.ids, log) if cache_taps else None
-
-    def taps(self, rows) -> list:
-        if self.cached is None:
-            taps = tapped_hidden(self.target, mx.array(self.data.ids[rows]))
-        else:
-            taps = [t[mx.array(rows)] for t in self.cached]
-        if self.distill:  # normed out here: MLX's compiled step refused the target's norm inside it
-            last = self.target.tap_ids.index(self.target.num_layers - 1)
-            return taps[: self.n_taps] + [self.target.inner.norm(taps[last])]
-        return taps
-
-    def __call__(self, rows, rng) -> tuple:
-        """(inputs of the step, how many of its blocks are real)."""
-        block_ids, anchors, seq_of_block, labels, weights, n_blocks = make_batch(
-            self.data, rows, self.n_anchors, self.cfg, self.weights_k, rng
-        )
-        inputs = (
-            self.taps(rows),
-            self.target.embed(mx.array(block_ids)),
-            mx.array(anchors),
-            mx.array(seq_of_block),
-            mx.array(labels),
-            weights,
-        )
-        return inputs, n_blocks
-
-
-def cached_taps(target: Target, ids: np.ndarray, log=print) -> list:
-    """The target's taps for all the sequences (memory: sequences x length x hidden x taps)."""
-    per_tap = [[] for _ in target.tap_ids]
-    for r in range(0, len(ids), 64):
-        taps = tapped_hidden(target, mx.array(ids[r : r + 64]))
-        mx.eval(taps)
-        for chunks, t in zip(per_tap, taps):
-            chunks.append(t)
-    cached = []
-    for k in range(len(per_tap)):  # one tap at a time, freeing its chunks: peak ~(1 + 1/taps) x the cache
-        cached.append(mx.concatenate(per_tap[k]))
-        mx.eval(cached[-1])
-        per_tap[k] = None
-    log(f"cached the target's taps for {len(ids)} sequences")
-    return cached
-
-
-def block_loss(head, cfg: DraftConfig, distill: float):
-    """loss(draft, *inputs of Blocks) for make_step: draft_loss, with distill > 0 against the
-    teacher that ends the taps too."""
-    n_taps = len(cfg.target_layer_ids)
-
-    def loss(draft, taps, block_embeds, anchors, seq_of_block, labels, weights):
-        teacher = teacher_logits(head, taps[n_taps], anchors, seq_of_block, cfg.block_size) if distill else None
-        return draft_loss(
-            draft, head, taps[:n_taps], block_embeds, anchors, seq_of_block, labels, weights, teacher, distill
-        )
-
-    return loss
-
-
-def validation_loss(draft, blocks: Blocks, rows, batch_size: int) -> float:
-    """The loss on these sequences, on the greedy tokens alone (whatever --distill is, so runs
-    compare), with the same anchors every time."""
-    loss = block_loss(blocks.target.head, blocks.cfg, 0.0)
-    rng, total, weight = np.random.default_rng(0), 0.0, 0.0
-    for r in range(0, len(rows), batch_size):
-        inputs, _ = blocks(rows[r : r + batch_size], rng)
-        w = inputs[-1].sum().item()
-        total, weight = total + loss(draft, *inputs).item() * w, weight + w
-    return total / max(weight, 1e-6)
 
 
 def add_arguments(p):
