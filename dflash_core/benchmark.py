@@ -52,7 +52,7 @@ def run_benchmark(
     the chat template's extra arguments (e.g. thinking on). `policy` None: the pair's default (Pair.policy_for);
     `policy_sweep` runs other policies side by side,
     `confidence_sweep` the fixed policy at other thresholds, `copy_sweep` DFlash with the copy
-    source (dflash_core.copy_source) the other way than `copy`."""
+    source (dflash_core.engine.copy_source) the other way than `copy`."""
     block_size = pair.block_size if block_size is None else block_size
     policy = pair.policy_for(policy, min_confidence, sampling)
     if min_confidence is None:

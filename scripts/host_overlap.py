@@ -22,7 +22,7 @@ import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 # isort: split
 import mlx.core as mx  # noqa: E402
 
-from dflash_core.draft import DraftContext  # noqa: E402
+from dflash_core.engine.draft import DraftContext  # noqa: E402
 from dflash_core.loading import load_pair  # noqa: E402
 
 PROMPT = "Why is the sky blue during the day but red at sunset? Explain in detail."

@@ -1,4 +1,4 @@
-"""dflash_core.fused_attention: the few-rows attention kernels and their dispatch.
+"""dflash_core.engine.fused_attention: the few-rows attention kernels and their dispatch.
 
 On the CPU (CI): the float32 reference pins the contract to MLX's own sdpa, and `attention` /
 `install` leave MLX's results untouched. On a GPU: the kernels against MLX's sdpa and the

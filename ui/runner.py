@@ -19,7 +19,7 @@ class Comparison:
     chat_template: bool
     hybrid: bool = False
     min_confidence: float = None  # the fixed policy's threshold; None: the backend's default
-    policy: str = "adaptive"  # "adaptive" | "fixed" (dflash_core.policy.POLICIES)
+    policy: str = "adaptive"  # "adaptive" | "fixed" (dflash_core.engine.policy.POLICIES)
     sampling: Sampling = None  # None: greedy, both engines; else plain vs speculative sampling, seeded alike
     thinking: bool = False  # the chat template's thinking mode was on
     draft_quant: int = None  # bits of the draft's quantized linear layers; None: as stored

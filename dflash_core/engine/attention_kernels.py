@@ -1,4 +1,4 @@
-"""The fused few-row attention's kernel sources (dflash_core.fused_attention launches them): a
+"""The fused few-row attention's kernel sources (dflash_core.engine.fused_attention launches them): a
 split-K pass 1 and a combining pass 2, for CUDA (mx.fast.cuda_kernel) and Metal
 (mx.fast.metal_kernel), written to one contract."""
 

@@ -63,7 +63,7 @@ def dflash_generate(
     model decide each cycle between a plain target step and drafting, and how many proposals to
     verify; "fixed" verifies the whole block, or with min_confidence > 0 only the proposals the
     draft is sure of (see policy.confident_prefix). `cost_profiles`: the pair's cache of probed costs
-    (dflash_core.policy.probe_costs), filled here when this block size has none;
+    (dflash_core.engine.policy.probe_costs), filled here when this block size has none;
     `acceptance_prior`: the draft's shipped acceptance figures (Pair.acceptance_prior). `draft_fn(ctx_tokens, B)`
     replaces the draft model's proposals (the oracle mode of the benchmark and the tests). With
     `sampling` the draft samples its proposals and acceptance is speculative sampling
@@ -72,8 +72,8 @@ def dflash_generate(
     `plain_threads`: the BLAS threads plain steps run on (plain decoding's fastest, where measured:
     a plain step is plain decoding's step, which may prefer other threads than a drafted cycle).
     `prefix_cache`: prefill starts from the longest cached prefix of the prompt, and the run's
-    prompt and its end are snapshot there (dflash_core.prefix_cache). `copy`: tokens copied from
-    the context (dflash_core.copy_source) go to the target instead of the draft's block where
+    prompt and its end are snapshot there (dflash_core.engine.prefix_cache). `copy`: tokens copied from
+    the context (dflash_core.engine.copy_source) go to the target instead of the draft's block where
     they are expected to be accepted further; a long copy needs no draft forward."""
     B, mask_id = block_size, draft.config.mask_token_id
     head = target.draft_head(draft_vocab)

@@ -343,7 +343,7 @@ class DraftContext:
 
     def restore(self, kv: list, length: int):
         """Start from a prefix's context instead: each layer's (keys, values) of `length`
-        positions (a prefix snapshot's; dflash_core.prefix_cache)."""
+        positions (a prefix snapshot's; dflash_core.engine.prefix_cache)."""
         for cache, (k, v) in zip(self.caches, kv):
             cache.state = (k, v, length)
         self.kv = list(kv)

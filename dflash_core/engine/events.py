@@ -23,7 +23,7 @@ def confidence_outcomes(ev: "CycleEvent"):
 
 @dataclass
 class Decision:
-    """What the policy chose for one cycle (dflash_core.policy), and why."""
+    """What the policy chose for one cycle (dflash_core.engine.policy), and why."""
 
     verified: int  # proposals the target checks
     plain_step: bool  # no draft forward: a one-token target step (verified 0)
@@ -57,7 +57,7 @@ class CycleEvent:
     t: float  # seconds since decoding started (after prefill), when committed
     decision: Decision | None = None
     draws: Draws | None = None  # sampling only: p(d), q(d) and the uniform draw per examined proposal
-    # where `drafted` holds tokens copied from the context instead (dflash_core.copy_source): the
+    # where `drafted` holds tokens copied from the context instead (dflash_core.engine.copy_source): the
     # prompt + output position of the first, which followed an earlier occurrence of the last
     # `copy_match` tokens; None: the draft proposed them (its confidence: the copy's acceptance rate)
     copied_from: int | None = None
@@ -204,13 +204,13 @@ class RunSummary:
     accepted_tokens: int = 0
     accepted_per_position: list = field(default_factory=list)  # k=1..B-1: drafted cycles accepting >= k
     sampling: Sampling | None = None  # None: greedy
-    policy: str = ""  # "adaptive" | "fixed" (dflash_core.policy)
+    policy: str = ""  # "adaptive" | "fixed" (dflash_core.engine.policy)
     plain_steps: int = 0
     verified_rows: list = field(default_factory=list)  # v = 0..B-1: cycles that verified v proposals
     cycle_s: float = 0.0  # measured draft + verify + rollback time, summed over cycles
     acceptance_by_confidence: list = field(default_factory=list)  # per confidence bin: [accepted, verified]
     cached_prompt_tokens: int = 0  # prompt tokens restored from a prefix snapshot, not prefilled
-    copy: bool = False  # proposals were also copied from the context (dflash_core.copy_source)
+    copy: bool = False  # proposals were also copied from the context (dflash_core.engine.copy_source)
     copied_cycles: int = 0  # as CycleTally's
     copied_committed: int = 0
     copied_verified: int = 0

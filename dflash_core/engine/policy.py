@@ -346,7 +346,7 @@ class Policy:
 
     def copied(self, verified: int, expected_tokens: float, reason: str) -> Decision:
         """The Decision of a cycle that verifies `verified` tokens copied from the context instead
-        of the draft's proposals (dflash_core.copy_source); its cost is the verify alone."""
+        of the draft's proposals (dflash_core.engine.copy_source); its cost is the verify alone."""
         plain_s = self.costs.plain_s()
         verify_s = self.costs.profile.verify_s[verified] * self.costs._scale("drafted")
         return Decision(verified, False, expected_tokens, verify_s / plain_s, plain_s * 1e3, reason)

@@ -22,7 +22,7 @@ cache's counts are its own, read when /metrics is scraped.
 
 A prefix cache (`prefix_cache_mb`, `serve --prefix-cache-mb`) keeps snapshots of what earlier runs
 fed the target: a conversation's next turn restores its longest cached prefix and prefills only
-the new tokens (dflash_core.prefix_cache); `usage.prompt_tokens_details.cached_tokens` says how many.
+the new tokens (dflash_core.engine.prefix_cache); `usage.prompt_tokens_details.cached_tokens` says how many.
 
 With an API key the /v1 routes want it as a Bearer token; /health, /metrics and /metrics.json stay
 open for monitors.
@@ -101,7 +101,7 @@ def create_app(
     engine's default for each request, see server_policy), which a request's "dflash_policy"
     overrides; min_confidence: the fixed policy's threshold (None: the backend's default).
     prefix_cache_mb: the bytes (MiB) of prefix snapshots the pair's DFlash runs resume from
-    (dflash_core.prefix_cache; 0: none)."""
+    (dflash_core.engine.prefix_cache; 0: none)."""
     policy, min_confidence = server_policy(pair, policy, min_confidence)
     server = Server(
         pair,
