@@ -167,6 +167,20 @@ def test_drafting_that_pays_times_a_plain_step_again_now_and_then():
     assert drafted == RECALIBRATE  # drafted cycles between two timings
 
 
+def test_a_probe_that_pays_resumes_drafting_whatever_came_before():
+    """Eight drafted cycles that did not pay (one token for two steps), then a plain streak; the
+    probe commits 4 tokens for 2 steps: judged by itself it pays, and drafting resumes (a window
+    with the eight would still read 1.4 tokens a cycle, under plain decoding's rate)."""
+    pol = _policy([0.1] * 8, draft_s=0.1)
+    for _ in range(8):
+        pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
+    plain = pol.before_draft()
+    assert plain.plain_step and _plain_streak(pol, plain, target_sure=0.3) == pol.first_wait()
+    assert pol.before_draft() is None
+    pol.observe(_cycle([0.9] * 7, 7, 3), 0.2)
+    assert pol.before_draft() is None and pol.probe_wait is None
+
+
 def test_a_sure_target_calls_the_probe_early():
     pol = _policy([0.1] * 8, draft_s=0.1)
     for _ in range(6):  # drafting has not paid: the next probe is due after 32 plain steps

@@ -366,7 +366,12 @@ class Policy:
         self.drafted.append((tokens, seconds))
         self.since_plain = None if self.since_plain is None else self.since_plain + 1
         if was_probe:  # a failed probe waits twice as long for the next; a good one ends the streak
-            paid = self._drafting_rate() >= 1 / self.costs.plain_s()
+            # judged by itself: the drafted cycles before the streak tell of text that is past, and
+            # a window of them would outvote a probe that finds the text predictable again
+            paid = tokens / seconds >= 1 / self.costs.plain_s()
+            if paid:
+                self.drafted.clear()
+                self.drafted.append((tokens, seconds))
             wait = self.probe_wait or self.first_wait()
             early = self.plain_streak < wait
             self.probe_wait = None if paid else min(2 * wait, MAX_PROBE_WAIT)
