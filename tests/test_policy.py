@@ -14,6 +14,7 @@ from dflash_core.engine.events import CONFIDENCE_EDGES, CycleEvent, Decision
 from dflash_core.engine.policy import (
     CALIBRATION_STEPS,
     MAX_PROBE_WAIT,
+    MIN_JUDGED,
     PRIOR_TRIALS,
     PROBE_SHARE,
     RECALIBRATE,
@@ -122,6 +123,12 @@ def test_plain_steps_when_drafting_does_not_pay_and_probes_at_doubling_intervals
     # a failed probe loses one step: the first wait makes that a tenth (PROBE_SHARE) of the streak
     assert pol.first_wait() == round(1 / PROBE_SHARE)
     assert pol.before_draft() is None  # the first cycle drafts: nothing is known yet
+    pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
+    timing = pol.before_draft()  # no plain step timed yet: two are, before drafting is judged
+    assert "timing" in timing.reason and _plain_streak(pol, timing, 0.3) == CALIBRATION_STEPS
+    for _ in range(MIN_JUDGED - 1):  # judged only once MIN_JUDGED drafted cycles have been seen
+        assert pol.before_draft() is None
+        pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
     waits = []
     for _ in range(5):
         d = pol.after_draft([0.5] * 7)
@@ -140,7 +147,8 @@ def test_plain_steps_when_drafting_does_not_pay_and_probes_at_doubling_intervals
 def test_a_plain_step_is_timed_before_drafting_is_judged_to_pay():
     """The probe's shape puts a drafted cycle at 1.1 plain steps; it measures 1.8 (0.18 s against
     0.1 s). Untimed, a plain step would be taken for 0.16 s and 1.5 tokens a cycle would seem to
-    pay; timing CALIBRATION_STEPS plain steps shows they do not, and the run steps plainly."""
+    pay; timing CALIBRATION_STEPS plain steps shows they do not (1.25 tokens a cycle is under
+    PLAIN_MARGIN of plain decoding's rate), and the run steps plainly."""
     pol = _policy([0.1] * 8, draft_s=0.01)
     for a in (0, 1):
         pol.observe(_cycle([0.5] * 7, 7, a), 0.18)
@@ -149,9 +157,11 @@ def test_a_plain_step_is_timed_before_drafting_is_judged_to_pay():
     assert d.plain_step and "timing" in d.reason
     assert _plain_streak(pol, d, target_sure=0.3) == CALIBRATION_STEPS
     assert pol.before_draft() is None and "probe" not in pol.after_draft([0.5] * 7).reason
-    pol.observe(_cycle([0.5] * 7, 7, 1), 0.18)
+    pol.observe(_cycle([0.5] * 7, 7, 0), 0.18)
+    assert pol.before_draft() is None  # three drafted cycles: not judged yet (MIN_JUDGED)
+    pol.observe(_cycle([0.5] * 7, 7, 0), 0.18)
     d = pol.before_draft()
-    assert d.plain_step and "drafted cycles committed" in d.reason  # 1.5 tokens for 1.8 steps
+    assert d.plain_step and "drafted cycles committed" in d.reason  # 1.25 tokens for 1.8 steps
     assert pol.probe_wait is None  # timing steps are not a probe's wait: the streak waits first_wait
 
 

@@ -31,6 +31,13 @@ PRIOR_CYCLES = 2  # a v not verified lately is estimated as if seen this often a
 # cycle to cycle (a rejection at the first proposal is common even where drafting pays), so one
 # cycle, or a fast average, would turn a run to plain steps on bad luck and keep it there.
 DRAFTED_WINDOW = 8
+# ... and for the same reason a run turns to plain steps only once MIN_JUDGED drafted cycles have
+# been seen and they commit clearly less than plain decoding would in their time: under
+# PLAIN_MARGIN of its rate. The mean of 8 accepted lengths varies by about a quarter run to run;
+# without a margin, requests where drafting paid 1.2-1.3x (the fixed rule's figure) turned to
+# plain steps on a bad window and stayed there (0.95-0.98x on a CPU).
+MIN_JUDGED = 4
+PLAIN_MARGIN = 0.85
 # Most plain steps between two probes. A failing probe costs a drafted cycle less the one token
 # it commits, (cycle steps - 1) plain steps: with a random Qwen3-4B-shaped pair on the H200 (a
 # 3.4-step cycle at a block of 16, nothing ever accepted) a cap of 32 cost 0.84x of plain
@@ -243,6 +250,7 @@ class Policy:
         self.drafted = deque(maxlen=DRAFTED_WINDOW)  # (tokens committed, seconds) of the latest drafted cycles
         self.plain_streak = 0
         self.calibrating = False  # the plain steps in progress time a plain step, not a probe's wait
+        self.probe_failed = False  # the last probe did not pay: plain steps again
         self.since_plain = None  # drafted cycles since the last plain step (None: none yet)
         self.probe_wait = None  # plain steps before the next probe; None: the first wait (first_wait)
         self.target_sure = deque(maxlen=TARGET_WINDOW)  # the target's probability of its last plain tokens
@@ -268,7 +276,11 @@ class Policy:
         if not self.adaptive or not self.drafted or self.plain_streak:  # the first cycle, or a probe is due
             return None
         plain_s = self.costs.plain_s()
-        if self._drafting_rate() >= 1 / plain_s:  # drafting pays, by a plain step's cost as last timed
+        losing = self.probe_failed or (
+            len(self.drafted) >= MIN_JUDGED and self._drafting_rate() < PLAIN_MARGIN / plain_s
+        )
+        self.probe_failed = False
+        if not losing:  # drafting goes on, judged by a plain step's cost as last timed
             if self.since_plain is not None and self.since_plain < RECALIBRATE:
                 return None
             self.calibrating = True
@@ -372,6 +384,7 @@ class Policy:
             if paid:
                 self.drafted.clear()
                 self.drafted.append((tokens, seconds))
+            self.probe_failed = not paid
             wait = self.probe_wait or self.first_wait()
             early = self.plain_streak < wait
             self.probe_wait = None if paid else min(2 * wait, MAX_PROBE_WAIT)
