@@ -229,6 +229,11 @@ def expected_tokens(p_accept: list, v: int) -> float:
     return total
 
 
+def _plain_step(plain_s: float, why: str) -> Decision:
+    """A plain step's Decision: one token for one step's cost."""
+    return Decision(0, True, 1.0, 1.0, plain_s * 1e3, f"plain step: {why}")
+
+
 class Policy:
     """One run's verification policy: adaptive (`min_confidence` None) or fixed."""
 
@@ -284,23 +289,11 @@ class Policy:
             if self.since_plain is not None and self.since_plain < RECALIBRATE:
                 return None
             self.calibrating = True
-            return Decision(
-                verified=0,
-                plain_step=True,
-                expected_tokens=1.0,
-                predicted_steps=1.0,
-                step_ms=plain_s * 1e3,
-                reason=f"plain step: timing {CALIBRATION_STEPS} plain steps, against which drafting is judged",
-            )
+            return _plain_step(plain_s, f"timing {CALIBRATION_STEPS} plain steps, against which drafting is judged")
         n = len(self.drafted)
         tokens, steps = sum(t for t, _ in self.drafted) / n, sum(s for _, s in self.drafted) / n / plain_s
-        return Decision(
-            verified=0,
-            plain_step=True,
-            expected_tokens=1.0,
-            predicted_steps=1.0,
-            step_ms=plain_s * 1e3,
-            reason=f"plain step: the last {n} drafted cycles committed {tokens:.1f} tokens each for {steps:.1f} steps",
+        return _plain_step(
+            plain_s, f"the last {n} drafted cycles committed {tokens:.1f} tokens each for {steps:.1f} steps"
         )
 
     def first_wait(self) -> int:
