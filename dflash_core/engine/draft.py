@@ -180,16 +180,25 @@ class Attention(nn.Module):
         v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         return self.rope(k, offset=offset), v
 
-    def __call__(self, x, ctx_k, ctx_v, offset: int, mask=None):
+    def project(self, x: mx.array, offset):
+        """The block's rotated queries, keys and values at `offset`."""
         B, L, _ = x.shape
         q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1)).transpose(0, 2, 1, 3)
-        q = self.rope(q, offset=offset)
-        k, v = self.keys_values(x, offset)
+        return (self.rope(q, offset=offset), *self.keys_values(x, offset))
+
+    def attend(self, q, k, v, ctx_k, ctx_v, mask=None) -> mx.array:
+        """Per-head attention of the block over [context ; block]."""
         if ctx_k is not None:
             k = mx.concatenate([ctx_k, k], axis=2)
             v = mx.concatenate([ctx_v, v], axis=2)
-        out = fused_attention.attention(q, k, v, self.scale, mask)  # MLX's own on a CPU
+        return fused_attention.attention(q, k, v, self.scale, mask)  # MLX's own on a CPU
+
+    def output(self, out: mx.array) -> mx.array:
+        B, _, L, _ = out.shape
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def __call__(self, x, ctx_k, ctx_v, offset: int, mask=None):
+        return self.output(self.attend(*self.project(x, offset), ctx_k, ctx_v, mask))
 
 
 class MLP(nn.Module):
@@ -211,9 +220,17 @@ class DraftLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, h, ctx_k, ctx_v, offset, mask=None):
-        h = h + self.self_attn(self.input_layernorm(h), ctx_k, ctx_v, offset, mask)
+    def project(self, h, offset):
+        """The work before the attention: the block's queries, keys and values."""
+        return self.self_attn.project(self.input_layernorm(h), offset)
+
+    def finish(self, h, out):
+        """The work after it: the attention's output projected and added, then the MLP."""
+        h = h + self.self_attn.output(out)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def __call__(self, h, ctx_k, ctx_v, offset, mask=None):
+        return self.finish(h, self.self_attn.attend(*self.project(h, offset), ctx_k, ctx_v, mask))
 
 
 class DraftModel(nn.Module):
@@ -248,15 +265,11 @@ class DraftModel(nn.Module):
             return self(block_embeds, ctx_kv, offset)
         compiled = self.__dict__.get("_compiled")  # kept off the module's tree of parameters
         if compiled is None:
-            compiled = [_compiled_layer(layer) for layer in self.layers]
+            compiled = [(mx.compile(layer.project), mx.compile(layer.finish)) for layer in self.layers]
             object.__setattr__(self, "_compiled", compiled)
         h, at = block_embeds, mx.array(offset)
         for layer, (k, v), (project, finish) in zip(self.layers, ctx_kv, compiled):
-            attn = layer.self_attn
-            q, bk, bv = project(h, at)
-            if k is not None:
-                bk, bv = mx.concatenate([k, bk], axis=2), mx.concatenate([v, bv], axis=2)
-            out = fused_attention.attention(q, bk, bv, attn.scale, _window_mask(layer, offset, h.shape[1], k))
+            out = layer.self_attn.attend(*project(h, at), k, v, _window_mask(layer, offset, h.shape[1], k))
             h = finish(h, out)
         return self.norm(h)
 
@@ -266,26 +279,6 @@ COMPILE_ENV = "DFLASH_COMPILE_DRAFT"
 
 def _compile_draft() -> bool:
     return os.environ.get(COMPILE_ENV, "0") == "1"
-
-
-def _compiled_layer(layer: "DraftLayer") -> tuple:
-    """(project, finish) of one layer as compiled functions: project(h, offset) -> the block's
-    rotated queries, keys and values; finish(h, attention output) -> the layer's output."""
-    attn = layer.self_attn
-
-    def project(h, offset):
-        x = layer.input_layernorm(h)
-        B, L, _ = x.shape
-        q = attn.q_norm(attn.q_proj(x).reshape(B, L, attn.n_heads, -1)).transpose(0, 2, 1, 3)
-        k, v = attn.keys_values(x, offset)
-        return attn.rope(q, offset=offset), k, v
-
-    def finish(h, out):
-        B, L, _ = h.shape
-        h = h + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
-
-    return mx.compile(project), mx.compile(finish)
 
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"  # {"tokens": [...]}: DraftConfig.draft_vocab, beside config.json
