@@ -53,7 +53,7 @@ TARGET_WINDOW = 4  # plain tokens whose target probability can call a probe earl
 # A run that drafts from its first cycle on would never time a plain step: the cost model would
 # take it from the probe's shape (one row's verify scaled like the drafted cycles), which on a CPU
 # put a drafted cycle at 1.0-1.1 plain steps where it measured 1.8, and drafting went on at 0.82x.
-# So where drafting seems to pay and no plain step has been timed (or none for RECALIBRATE drafted
+# So where the run goes on drafting and no plain step has been timed (or none for RECALIBRATE drafted
 # cycles: costs move as the context grows), CALIBRATION_STEPS plain steps are taken: a plain step
 # costs what plain decoding costs, so measuring it loses nothing against the baseline.
 CALIBRATION_STEPS = 2
