@@ -13,10 +13,9 @@ from dflash_core.engine import cycle as engine
 from dflash_core.engine.events import CONFIDENCE_EDGES, CycleEvent, Decision
 from dflash_core.engine.policy import (
     CALIBRATION_STEPS,
+    HALF_LIFE,
     MAX_PROBE_WAIT,
-    MIN_JUDGED,
     PRIOR_TRIALS,
-    PROBE_SHARE,
     RECALIBRATE,
     TARGET_WINDOW,
     AcceptancePredictor,
@@ -118,37 +117,62 @@ def _plain_streak(pol, decision, target_sure: float) -> int:
             return n
 
 
-def test_plain_steps_when_drafting_does_not_pay_and_probes_at_doubling_intervals():
-    pol = _policy([0.1] * 8, draft_s=0.1)  # a drafted cycle costs two plain steps
-    # a failed probe loses one step: the first wait makes that a tenth (PROBE_SHARE) of the streak
-    assert pol.first_wait() == round(1 / PROBE_SHARE)
-    assert pol.before_draft() is None  # the first cycle drafts: nothing is known yet
-    pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
+HOPELESS = {"acceptance_by_position": [0.1, 0.01, 0.001, 0, 0, 0, 0]}  # the draft's own figures: ~1.1 tokens a cycle
+PAYING = {"acceptance_by_position": [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]}  # 5.2 tokens a cycle
+
+
+def test_plain_steps_where_drafting_does_not_pay_with_a_probe_now_and_then():
+    pol = _policy([0.1] * 8, draft_s=0.1, prior=HOPELESS)  # a drafted cycle costs two plain steps
+    assert pol.before_draft() is None  # the first cycle drafts: nothing is known of this run yet
+    pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)  # one token for two steps' time
+    for _ in range(3):
+        plain = pol.before_draft()
+        assert plain.plain_step and plain.verified == 0 and "drafted cycles lately commit 1.1 tokens" in plain.reason
+        # hard text (the target unsure of its tokens), a draft that never pays, even at its prior:
+        # the streak lasts its longest, then one drafted cycle looks again
+        assert _plain_streak(pol, plain, target_sure=0.3) == MAX_PROBE_WAIT
+        assert pol.before_draft() is None
+        assert f"probe after {MAX_PROBE_WAIT} plain steps" in pol.after_draft([0.5] * 7).reason
+        pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
+    pol.observe(_cycle([0.99] * 7, 7, 7), 0.2)  # the text turned predictable: a probe accepted whole
+    assert pol.before_draft() is None  # and the policy drafts again
+
+
+def _bad_patch(cycles: int) -> tuple:
+    """A run where drafting pays (4 tokens for two steps), then `cycles` drafted cycles that
+    commit one token each: (the plain streak that follows, the policy)."""
+    pol = _policy([0.1] * 8, draft_s=0.1, prior=PAYING)
+    pol.observe(_cycle([0.5] * 7, 7, 3), 0.2)
     timing = pol.before_draft()  # no plain step timed yet: two are, before drafting is judged
     assert "timing" in timing.reason and _plain_streak(pol, timing, 0.3) == CALIBRATION_STEPS
-    for _ in range(MIN_JUDGED - 1):  # judged only once MIN_JUDGED drafted cycles have been seen
-        assert pol.before_draft() is None
+    for _ in range(cycles):
         pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
-    waits = []
-    for _ in range(5):
-        d = pol.after_draft([0.5] * 7)
-        pol.observe(_cycle([0.5] * 7, d.verified, 0), 0.2)  # one token for two steps' time
-        plain = pol.before_draft()
-        assert plain.plain_step and plain.verified == 0 and "plain step" in plain.reason
-        waits.append(_plain_streak(pol, plain, target_sure=0.3))  # hard text: the target unsure
-        assert pol.before_draft() is None  # the probe
-        assert "probe after" in pol.after_draft([0.5] * 7).reason
-    assert waits == [10, 20, 40, 80, MAX_PROBE_WAIT]
-    d = pol.after_draft([0.99] * 7)  # the text turned predictable: the probe is accepted whole
-    pol.observe(_cycle([0.99] * 7, d.verified, d.verified), 0.2)
-    assert pol.before_draft() is None  # and the policy drafts again
+    plain = pol.before_draft()
+    if plain is None:
+        return 0, pol
+    assert not pol._pays()
+    return _plain_streak(pol, plain, target_sure=0.3), pol
+
+
+def test_a_bad_patch_turns_to_plain_steps_until_it_has_faded():
+    """Recent drafted cycles weigh most (their weight halves every HALF_LIFE tokens, plain ones
+    included): a few bad cycles where drafting pays do not stop it; a longer bad patch does, and
+    the plain streak lasts until the patch has faded enough that drafting is expected to pay again
+    (the run's own acceptance, which the patch lowered too, is the level it fades to)."""
+    assert _bad_patch(4)[0] == 0
+    streaks = []
+    for cycles in (8, 12, 16):
+        streak, pol = _bad_patch(cycles)
+        assert 0 < streak < MAX_PROBE_WAIT and pol._pays()  # the streak ended on the faded estimate
+        assert pol.before_draft() is None and "probe after" in pol.after_draft(None).reason
+        streaks.append(streak)
+    assert streaks == sorted(streaks) and streaks[0] <= HALF_LIFE  # a longer patch, a longer streak
 
 
 def test_a_plain_step_is_timed_before_drafting_is_judged_to_pay():
     """The probe's shape puts a drafted cycle at 1.1 plain steps; it measures 1.8 (0.18 s against
     0.1 s). Untimed, a plain step would be taken for 0.16 s and 1.5 tokens a cycle would seem to
-    pay; timing CALIBRATION_STEPS plain steps shows they do not (1.25 tokens a cycle is under
-    PLAIN_MARGIN of plain decoding's rate), and the run steps plainly."""
+    pay; timing CALIBRATION_STEPS plain steps shows they do not, and the run steps plainly."""
     pol = _policy([0.1] * 8, draft_s=0.01)
     for a in (0, 1):
         pol.observe(_cycle([0.5] * 7, 7, a), 0.18)
@@ -158,11 +182,9 @@ def test_a_plain_step_is_timed_before_drafting_is_judged_to_pay():
     assert _plain_streak(pol, d, target_sure=0.3) == CALIBRATION_STEPS
     assert pol.before_draft() is None and "probe" not in pol.after_draft([0.5] * 7).reason
     pol.observe(_cycle([0.5] * 7, 7, 0), 0.18)
-    assert pol.before_draft() is None  # three drafted cycles: not judged yet (MIN_JUDGED)
-    pol.observe(_cycle([0.5] * 7, 7, 0), 0.18)
     d = pol.before_draft()
-    assert d.plain_step and "drafted cycles committed" in d.reason  # 1.25 tokens for 1.8 steps
-    assert pol.probe_wait is None  # timing steps are not a probe's wait: the streak waits first_wait
+    assert d.plain_step and "commit 1.6 tokens each for 1.8 steps" in d.reason
+
 
 
 def test_drafting_that_pays_times_a_plain_step_again_now_and_then():
@@ -177,37 +199,22 @@ def test_drafting_that_pays_times_a_plain_step_again_now_and_then():
     assert drafted == RECALIBRATE  # drafted cycles between two timings
 
 
-def test_a_probe_that_pays_resumes_drafting_whatever_came_before():
-    """Eight drafted cycles that did not pay (one token for two steps), then a plain streak; the
-    probe commits 4 tokens for 2 steps: judged by itself it pays, and drafting resumes (a window
-    with the eight would still read 1.4 tokens a cycle, under plain decoding's rate)."""
-    pol = _policy([0.1] * 8, draft_s=0.1)
-    for _ in range(8):
-        pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
-    plain = pol.before_draft()
-    assert plain.plain_step and _plain_streak(pol, plain, target_sure=0.3) == pol.first_wait()
-    assert pol.before_draft() is None
-    pol.observe(_cycle([0.9] * 7, 7, 3), 0.2)
-    assert pol.before_draft() is None and pol.probe_wait is None
-
-
 def test_a_sure_target_calls_the_probe_early():
-    pol = _policy([0.1] * 8, draft_s=0.1)
-    for _ in range(6):  # drafting has not paid: the next probe is due after 32 plain steps
-        pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
-    pol.probe_wait = 32
+    pol = _policy([0.1] * 8, draft_s=0.1, prior=HOPELESS)
+    pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
     plain = pol.before_draft()
     # the target is sure of its tokens (0.95 each: a cycle of 7 would commit 5.3 for 2 steps'
     # cost): once TARGET_WINDOW of them are seen, the streak ends, the last step in flight
     assert _plain_streak(pol, plain, target_sure=0.95) == TARGET_WINDOW + 1
     assert pol.before_draft() is None
     # the early probe fails (a repeated phrase the target is sure of, the draft still misses):
-    # the target's confidence calls no more early probes; the next waits its doubled interval
+    # the target's confidence calls no more early probes
     pol.observe(_cycle([0.5] * 7, 7, 0), 0.2)
     plain = pol.before_draft()
-    assert plain.plain_step and _plain_streak(pol, plain, target_sure=0.95) == 64
-    pol.observe(_cycle([0.99] * 7, 7, 7), 0.1)  # this probe lifts drafting's rate to plain's: early probes are back
+    assert plain.plain_step and _plain_streak(pol, plain, target_sure=0.95) == MAX_PROBE_WAIT
+    pol.observe(_cycle([0.99] * 7, 7, 7), 0.1)  # this probe makes drafting pay: early probes are back
     assert pol.before_draft() is None and pol.early_probes
+
 
 
 def _plain(decision, target_sure: float = 0.3) -> CycleEvent:

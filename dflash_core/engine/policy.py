@@ -26,29 +26,25 @@ from .events import CONFIDENCE_EDGES, CycleEvent, Decision, confidence_bin, conf
 POLICIES = ("adaptive", "fixed")
 PRIOR_TRIALS = 8  # the prior weighs as this many observed proposals per bin: the run soon outweighs it
 COST_MEMORY = 0.8  # decay per cycle of the cost model's sums: about the last five cycles count
-PRIOR_CYCLES = 2  # a v not verified lately is estimated as if seen this often at the kind's level
-# How many of the latest drafted cycles judge whether drafting pays. Accepted lengths vary widely
-# cycle to cycle (a rejection at the first proposal is common even where drafting pays), so one
-# cycle, or a fast average, would turn a run to plain steps on bad luck and keep it there.
-DRAFTED_WINDOW = 8
-# ... and for the same reason a run turns to plain steps only once MIN_JUDGED drafted cycles have
-# been seen and they commit clearly less than plain decoding would in their time: under
-# PLAIN_MARGIN of its rate. The mean of 8 accepted lengths varies by about a quarter run to run;
-# without a margin, requests where drafting paid 1.2-1.3x (the fixed rule's figure) turned to
-# plain steps on a bad window and stayed there (0.95-0.98x on a CPU).
-MIN_JUDGED = 4
-PLAIN_MARGIN = 0.85
-# Most plain steps between two probes. A failing probe costs a drafted cycle less the one token
-# it commits, (cycle steps - 1) plain steps: with a random Qwen3-4B-shaped pair on the H200 (a
-# 3.4-step cycle at a block of 16, nothing ever accepted) a cap of 32 cost 0.84x of plain
-# decoding in probes; at 128 the same draft costs about 2%. A run whose text turns predictable is
-# noticed sooner by the target's own confidence (keep_plain).
+PRIOR_V_CYCLES = 2  # a v not verified lately is estimated as if seen this often at the kind's level
+# Whether drafting pays is judged by its recent rate (tokens per second of drafted cycles), each
+# cycle weighing less as output goes by: its weight halves every HALF_LIFE tokens, plain steps'
+# tokens included, over a prior of PRIOR_CYCLES cycles at what the acceptance predictor and the
+# cost model expect of a whole block. Accepted lengths vary widely cycle to cycle (a rejection at
+# the first proposal is common even where drafting pays), so a bad run of cycles turns a run to
+# plain steps now and then; the evidence then fades as plain tokens go by, and once the estimate
+# is back at plain decoding's rate the next cycle drafts again (a probe), whose outcome counts
+# like any other. A fixed window of 8 cycles, with a probe judged by itself (one cycle against
+# plain decoding's rate, failed probes waiting twice as long for the next) turned requests where
+# drafting pays 1.16x on an H200 into plain steps for 92% of their tokens (1.03x median).
+HALF_LIFE = 24
+PRIOR_CYCLES = 4
+# Most plain steps in a streak: where even the prior says drafting does not pay (a draft that
+# never agrees with this target), only this cap, or the target's own confidence (keep_plain),
+# calls a probe. A failing probe costs a drafted cycle less the one token it commits: with a
+# random Qwen3-4B-shaped pair on the H200 (a 3.4-step cycle at a block of 16, nothing ever
+# accepted) a probe every 128 plain steps costs about 2%.
 MAX_PROBE_WAIT = 128
-# ... and the fewest: the first wait of a streak is as long as makes a failed probe cost at most
-# this share of the plain steps before it (a 2-step cycle that commits one token: 10 steps). A
-# short request on hard text otherwise pays a failed probe after 1, 2, 4, ... plain steps: seven of
-# them in 128 tokens, 4% of a CPU run where a cycle costs 1.8 steps.
-PROBE_SHARE = 0.1
 TARGET_WINDOW = 4  # plain tokens whose target probability can call a probe early
 # A run that drafts from its first cycle on would never time a plain step: the cost model would
 # take it from the probe's shape (one row's verify scaled like the drafted cycles), which on a CPU
@@ -175,7 +171,7 @@ class CostModel:
     The probe gives the shape; the run's own cycles give the level and correct the shape. Each
     estimate is a ratio of decayed sums, measured over probed seconds, first per kind (plain
     steps, drafted cycles) and then, for drafted cycles, per v, where the kind's level stands in
-    for PRIOR_CYCLES cycles until v has been seen. A ratio of sums, not a mean of ratios:
+    for PRIOR_V_CYCLES cycles until v has been seen. A ratio of sums, not a mean of ratios:
     pipelined plain steps take uneven turns (the first of a streak builds two graphs, the last
     only waits) that add up to the right total. Until a kind has been seen it follows the other's."""
 
@@ -201,7 +197,7 @@ class CostModel:
     def cycle_s(self, v: int) -> float:
         probed = self._probed(False, v)
         measured, seen = self.by_v[v]
-        return (PRIOR_CYCLES * probed * self._scale("drafted") + measured) / (PRIOR_CYCLES * probed + seen) * probed
+        return (PRIOR_V_CYCLES * probed * self._scale("drafted") + measured) / (PRIOR_V_CYCLES * probed + seen) * probed
 
     def observe(self, plain: bool, v: int, seconds: float):
         probed = self._probed(plain, v)
@@ -209,6 +205,26 @@ class CostModel:
         for sums in rows:
             sums[0] = COST_MEMORY * sums[0] + seconds
             sums[1] = COST_MEMORY * sums[1] + probed
+
+
+class DraftingRate:
+    """Drafted cycles' tokens and seconds, each cycle weighing half as much every HALF_LIFE tokens
+    of output since (`age`), and what they say with the prior: tokens a cycle, seconds a cycle."""
+
+    def __init__(self):
+        self.cycles = self.tokens = self.seconds = 0.0
+
+    def age(self, tokens: int):
+        fade = 0.5 ** (tokens / HALF_LIFE)
+        self.cycles, self.tokens, self.seconds = self.cycles * fade, self.tokens * fade, self.seconds * fade
+
+    def add(self, tokens: int, seconds: float):
+        self.cycles, self.tokens, self.seconds = self.cycles + 1, self.tokens + tokens, self.seconds + seconds
+
+    def per_cycle(self, prior_tokens: float, prior_seconds: float) -> tuple:
+        """(tokens, seconds) a drafted cycle: the faded cycles over PRIOR_CYCLES at the prior's."""
+        n = PRIOR_CYCLES + self.cycles
+        return (PRIOR_CYCLES * prior_tokens + self.tokens) / n, (PRIOR_CYCLES * prior_seconds + self.seconds) / n
 
 
 def confident_prefix(confidence: list, min_confidence: float) -> int:
@@ -252,18 +268,18 @@ class Policy:
         # whether after_draft is given the draft's confidences (a host sync before the verify);
         # the fixed policy's threshold needs them
         self.reads_confidence = reads_confidence or bool(min_confidence)
-        self.drafted = deque(maxlen=DRAFTED_WINDOW)  # (tokens committed, seconds) of the latest drafted cycles
+        self.rate = DraftingRate()  # drafted cycles lately, the evidence on whether drafting pays
+        self.drafted_any = False
         self.plain_streak = 0
         self.calibrating = False  # the plain steps in progress time a plain step, not a probe's wait
-        self.probe_failed = False  # the last probe did not pay: plain steps again
         self.since_plain = None  # drafted cycles since the last plain step (None: none yet)
-        self.probe_wait = None  # plain steps before the next probe; None: the first wait (first_wait)
         self.target_sure = deque(maxlen=TARGET_WINDOW)  # the target's probability of its last plain tokens
         # whether the target's confidence may call a probe early: not after an early probe failed,
         # until drafting pays again (a target sure of a repeated phrase the draft still misses,
         # as on a long pasted source beyond the contexts the draft was trained on, would otherwise
         # call a failing probe every few tokens)
         self.early_probes = True
+        self.early_probe = False  # the plain streak in progress ended on the target's confidence
 
     @property
     def adaptive(self) -> bool:
@@ -273,51 +289,46 @@ class Policy:
     def name(self) -> str:
         return "adaptive" if self.adaptive else "fixed"
 
-    def _drafting_rate(self) -> float:
-        return sum(t for t, _ in self.drafted) / sum(s for _, s in self.drafted)
+    def drafting(self) -> tuple:
+        """Drafting's expected (tokens, plain steps) a cycle, from recent cycles over the prior."""
+        v = self.B - 1
+        prior = expected_tokens(self.acceptance.p(None), v), self.costs.cycle_s(v)
+        tokens, seconds = self.rate.per_cycle(*prior)
+        return tokens, seconds / self.costs.plain_s()
+
+    def _pays(self) -> bool:
+        tokens, steps = self.drafting()
+        return tokens >= steps
 
     def before_draft(self) -> Decision | None:
         """A plain step's Decision (plain steps follow until keep_plain says no), or None: draft."""
-        if not self.adaptive or not self.drafted or self.plain_streak:  # the first cycle, or a probe is due
+        if not self.adaptive or not self.drafted_any or self.plain_streak:  # the first cycle, or a probe is due
             return None
         plain_s = self.costs.plain_s()
-        losing = self.probe_failed or (
-            len(self.drafted) >= MIN_JUDGED and self._drafting_rate() < PLAIN_MARGIN / plain_s
-        )
-        self.probe_failed = False
-        if not losing:  # drafting goes on, judged by a plain step's cost as last timed
+        if self._pays():  # drafting goes on, judged by a plain step's cost as last timed
             if self.since_plain is not None and self.since_plain < RECALIBRATE:
                 return None
             self.calibrating = True
             return _plain_step(plain_s, f"timing {CALIBRATION_STEPS} plain steps, against which drafting is judged")
-        n = len(self.drafted)
-        tokens, steps = sum(t for t, _ in self.drafted) / n, sum(s for _, s in self.drafted) / n / plain_s
-        return _plain_step(
-            plain_s, f"the last {n} drafted cycles committed {tokens:.1f} tokens each for {steps:.1f} steps"
-        )
-
-    def first_wait(self) -> int:
-        """Plain steps before the first probe of a streak: a failed probe costs a drafted cycle
-        less the one token it commits, at most PROBE_SHARE of the steps waited."""
-        lost = self.costs.cycle_s(self.B - 1) / self.costs.plain_s() - 1
-        return max(1, min(MAX_PROBE_WAIT, math.ceil(lost / PROBE_SHARE)))
+        tokens, steps = self.drafting()
+        return _plain_step(plain_s, f"drafted cycles lately commit {tokens:.1f} tokens each for {steps:.1f} steps")
 
     def keep_plain(self) -> bool:
-        """Whether the plain steps go on (asked with one step in flight): until the next probe is
-        due, or sooner where the target has been sure of its own tokens lately, which is where a
-        draft is accepted: when, taking the target's recent probability as the chance that each
-        proposal is accepted, a drafted cycle would pay for itself."""
+        """Whether the plain steps go on (asked with one step in flight): until drafting's recent
+        cycles have faded enough that it is expected to pay again, or MAX_PROBE_WAIT steps, or
+        sooner where the target has been sure of its own tokens lately, which is where a draft is
+        accepted: when, taking the target's recent probability as the chance that each proposal
+        is accepted, a drafted cycle would pay for itself."""
         if self.calibrating:
             return self.plain_streak + 1 < CALIBRATION_STEPS
-        if self.probe_wait is None:
-            self.probe_wait = self.first_wait()
-        if self.plain_streak + 1 >= self.probe_wait:
+        if self.plain_streak + 1 >= MAX_PROBE_WAIT or self._pays():
             return False
         if not self.early_probes or len(self.target_sure) < self.target_sure.maxlen:
             return True
         sure = sum(self.target_sure) / len(self.target_sure)
         v = self.B - 1
-        return expected_tokens([sure] * v, v) < self.costs.cycle_s(v) / self.costs.plain_s()
+        self.early_probe = expected_tokens([sure] * v, v) >= self.costs.cycle_s(v) / self.costs.plain_s()
+        return not self.early_probe
 
     def after_draft(self, confidence: list | None) -> Decision:
         """How many proposals to verify, given the draft's probability of each (None: not read;
@@ -360,28 +371,20 @@ class Policy:
         """A finished cycle: its timing and outcome update the models."""
         plain = ev.decision.plain_step
         self.costs.observe(plain, ev.verified, seconds)
+        tokens = ev.accepted_len + 1
+        self.rate.age(tokens)
         if plain:
             self.plain_streak += 1
             self.since_plain = 0
             self.target_sure.append(ev.confidence[0])
             return
         self.acceptance.observe(ev)
-        was_probe = self.plain_streak > 0 and not self.calibrating
-        tokens = ev.accepted_len + 1
-        self.drafted.append((tokens, seconds))
+        self.rate.add(tokens, seconds)
+        self.drafted_any = True
         self.since_plain = None if self.since_plain is None else self.since_plain + 1
-        if was_probe:  # a failed probe waits twice as long for the next; a good one ends the streak
-            # judged by itself: the drafted cycles before the streak tell of text that is past, and
-            # a window of them would outvote a probe that finds the text predictable again
-            paid = tokens / seconds >= 1 / self.costs.plain_s()
-            if paid:
-                self.drafted.clear()
-                self.drafted.append((tokens, seconds))
-            self.probe_failed = not paid
-            wait = self.probe_wait or self.first_wait()
-            early = self.plain_streak < wait
-            self.probe_wait = None if paid else min(2 * wait, MAX_PROBE_WAIT)
-            self.early_probes = paid or (self.early_probes and not early)
+        paid = self._pays()
+        self.early_probes = paid or (self.early_probes and not self.early_probe)
+        self.early_probe = False
         self.plain_streak = 0
         self.calibrating = False
         self.target_sure.clear()
