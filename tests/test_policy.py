@@ -186,7 +186,6 @@ def test_a_plain_step_is_timed_before_drafting_is_judged_to_pay():
     assert d.plain_step and "commit 1.6 tokens each for 1.8 steps" in d.reason
 
 
-
 def test_drafting_that_pays_times_a_plain_step_again_now_and_then():
     pol = _policy([0.1] * 8, draft_s=0.01)
     pol.observe(_cycle([0.9] * 7, 7, 7), 0.15)  # 8 tokens a cycle: drafting pays by any measure
@@ -214,7 +213,6 @@ def test_a_sure_target_calls_the_probe_early():
     assert plain.plain_step and _plain_streak(pol, plain, target_sure=0.95) == MAX_PROBE_WAIT
     pol.observe(_cycle([0.99] * 7, 7, 7), 0.1)  # this probe makes drafting pay: early probes are back
     assert pol.before_draft() is None and pol.early_probes
-
 
 
 def _plain(decision, target_sure: float = 0.3) -> CycleEvent:
