@@ -3,8 +3,9 @@ kernels (dflash_core/fused_attention.py), for the shapes of two targets: SmolLM2
 3 KV heads, head dim 64) at a 300-token cache and Qwen3-4B (32 / 8, head dim 128) at 300 and 4096,
 rows 1, 2, 3, 4, 8, 16 (causal, the verify forward's mask), float32 and bfloat16. Two figures each,
 medians after warm-up with mx.synchronize around each evaluation: one call evaluated alone (bound
-by the evaluation's own overhead), and the cost per call of many calls evaluated at once (what a
-call adds to a forward's graph, where every layer's attention is evaluated together).
+by the evaluation's own overhead), the cost per call of many calls evaluated at once (what a
+call adds to a forward's graph, where every layer's attention is evaluated together), and the host
+time per call of building and launching them.
 
     python scripts/attention_rows.py
     python scripts/attention_rows.py --json attention_rows.json --repeats 200
@@ -48,6 +49,21 @@ def time_ms(fn, repeats: int, calls: int = 1, warmup: int = 5) -> float:
     return median(times)
 
 
+def host_us(fn, repeats: int, calls: int, warmup: int = 5) -> float:
+    """Median µs of host time per call to build `calls` calls of fn() and hand them to the device
+    (mx.async_eval returns once every kernel is launched): what a call costs the Python thread,
+    which on a small model's forward is the critical path."""
+    times = []
+    for i in range(warmup + repeats):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        mx.async_eval([fn() for _ in range(calls)])
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e6 / calls)
+        mx.synchronize()
+    return median(times)
+
+
 def measure_one(
     heads: int, kv_heads: int, head_dim: int, keys: int, rows: int, dtype, causal: bool, repeats: int, calls: int
 ):
@@ -75,6 +91,8 @@ def measure_one(
         fused_ms=round(time_ms(fused, repeats), 4),
         sdpa_graph_ms=round(time_ms(sdpa, few, calls), 4),
         fused_graph_ms=round(time_ms(fused, few, calls), 4),
+        sdpa_host_us=round(host_us(sdpa, few, calls), 1),
+        fused_host_us=round(host_us(fused, few, calls), 1),
         max_abs_diff_vs_sdpa=diff,
     )
 
@@ -94,6 +112,7 @@ def measure(repeats: int, causal: bool = True, calls: int = 32) -> list:
                         f"{name:13s} N {keys:5d} {dname:8s} L {rows:2d} | alone: sdpa {r['sdpa_ms']:.4f} "
                         f"fused {r['fused_ms']:.4f} | in a graph of {calls}: sdpa {r['sdpa_graph_ms']:.4f} "
                         f"fused {r['fused_graph_ms']:.4f} (x{r['sdpa_graph_ms'] / r['fused_graph_ms']:.2f}) "
+                        f"| host µs a call: sdpa {r['sdpa_host_us']:.0f} fused {r['fused_host_us']:.0f} "
                         f"| diff {r['max_abs_diff_vs_sdpa']:.2g} | chunks {r['chunks']}",
                         flush=True,
                     )

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# The H200 figures in docs/benchmarks.md (MLX CUDA installed by hand on that machine), in two parts
+# The H200 figures in docs/benchmarks.md (MLX CUDA installed by hand on that machine), in four parts
 # that each fit one 10-minute command:
 #   bash scripts/gpu_figures.sh checks    the fused attention's tests and timings, target forwards by
 #                                          rows (MLX's attention against the fused one), lossless on
-#                                          every family with the policy interleaving plain steps, and
+#                                          every family with the policy interleaving plain steps (and
+#                                          where gemma4_text's random pair first parts), and
 #                                          the random Qwen3-4B-shaped target (bfloat16, float32)
 #   bash scripts/gpu_figures.sh cycle     where a cycle's time goes: the default pair's verify by rows
 #                                          and its cycle in one-token steps (forward_rows.py), and
 #                                          the random Qwen3-4B-shaped target's oracle at a block of
 #                                          16, float32
 #   bash scripts/gpu_figures.sh overlap   host time against device time (host_overlap.py): eager and
-#                                          pipelined steps and cycles, with the fused attention's one
-#                                          launch for short caches on and off, the draft compiled or not
+#                                          pipelined steps and cycles, the draft compiled or not
 #   bash scripts/gpu_figures.sh heldout   the default pair on all 40 held-out chat requests, float32:
 #                                          the adaptive policy side by side with the fixed one
 #                                          (REPEAT=N repeats, default 3)
@@ -44,6 +44,7 @@ checks)
   DFLASH_DTYPE=float32 DFLASH_FUSED_ATTENTION=0 run forward-rows-mlx 60 $py scripts/forward_rows.py --save "$out/forward-rows-mlx.json"
   DFLASH_DTYPE=float32 DFLASH_FUSED_ATTENTION=1 run forward-rows-fused 60 $py scripts/forward_rows.py --save "$out/forward-rows-fused.json"
   run lossless 120 $py -m pytest tests/test_policy.py tests/test_engine.py -q -p no:cacheprovider -m "not slow" -k "lossless or interleav"
+  run first-divergence-gemma4 60 $py scripts/first_divergence.py --family gemma4_text
   $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
   Q4B=(--model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft --oracle --prompt "def parse(line):" --repeat 3)
   piece h200-qwen3-4b-shape-bf16 100 "${Q4B[@]}"
@@ -58,7 +59,6 @@ cycle)
 overlap)
   export DFLASH_DTYPE=float32
   run host-overlap 120 $py scripts/host_overlap.py --repeats 5 --save "$out/host-overlap.json"
-  DFLASH_FUSED_SINGLE_PASS_KEYS=0 run host-overlap-two-pass 120 $py scripts/host_overlap.py --repeats 5 --save "$out/host-overlap-two-pass.json"
   DFLASH_COMPILE_DRAFT=1 run host-overlap-compiled 120 $py scripts/host_overlap.py --repeats 5 --save "$out/host-overlap-compiled.json"
   ;;
 heldout)
@@ -66,7 +66,7 @@ heldout)
     --policy adaptive --policy-sweep fixed --repeat "${REPEAT:-3}"
   ;;
 *)
-  echo "usage: bash scripts/gpu_figures.sh checks|cycle|heldout" >&2
+  echo "usage: bash scripts/gpu_figures.sh checks|cycle|overlap|heldout" >&2
   exit 2
   ;;
 esac
