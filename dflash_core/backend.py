@@ -69,6 +69,12 @@ def draft_vocab_pays() -> bool:
 # spelling across MLX versions; both are set.)
 for _name in ("MLX_CUDA_USE_CUDNN_SDPA", "MLX_CUDA_USE_CUDNN_SPDA"):
     os.environ.setdefault(_name, "0")
+# MLX runs float32 matmuls of two or more rows in TF32 where the hardware has it (NVIDIA tensor
+# cores, Apple M5), while a one-row product stays full float32. A verify is a matmul of many rows
+# and a plain step one row, so their logits differ in the 4th digit and a near-tie can pick another
+# token: on the H200, gemma4_text's random pair parted from plain decoding at a top-2 gap of 0.004
+# and matched it with TF32 off. Lossless comes first; the user can still set MLX_ENABLE_TF32=1.
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 import mlx.core as mx  # noqa: E402
 

@@ -22,6 +22,15 @@ def test_cudnn_attention_is_off_unless_the_user_chose():
     assert out.stdout.strip() == "1"
 
 
+def test_tf32_matmuls_are_off_unless_the_user_chose():
+    # a many-row verify in TF32 and a one-row step in float32 can round a near-tie apart
+    assert os.environ["MLX_ENABLE_TF32"] == "0"
+    code = "import os, dflash_core; print(os.environ['MLX_ENABLE_TF32'])"
+    env = {**os.environ, "MLX_ENABLE_TF32": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+
+
 def test_dtype_override_sets_the_compute_dtype(monkeypatch, random_dirs):
     target, draft = random_dirs["qwen3"]
     monkeypatch.setenv("DFLASH_DTYPE", "bfloat16")

@@ -159,9 +159,12 @@ def test_a_registry_pair_downloads_configs_first_shows_sizes_and_progress_and_ru
     assert lines.index(f"downloading the draft {QWEN_DRAFT} ...") < lines.index(
         f"downloading the target {QWEN_TARGET} ..."
     )
-    # the hub's own progress bars, per file fetched, up to all of them
-    assert any(line.startswith("Fetching 4 files:   0%") for line in lines)
-    assert any(line.startswith("Fetching 4 files: 100%") for line in lines)
+    # the hub's own progress bars, per file fetched, up to all of them, each saying whose files
+    for what, repo, files in (("draft", QWEN_DRAFT, 2), ("target", QWEN_TARGET, 4)):
+        bar = f"downloading the {what} {repo}: Fetching {files} files:"
+        assert any(line.startswith(f"{bar}   0%") for line in lines) and any(
+            line.startswith(f"{bar} 100%") for line in lines
+        )
     # in order: both configs (one HEAD to look, then hf_hub_download's HEAD + GET), then the draft's
     # snapshot and weights, then the target's
     order = [(m, path) for m, path, _ in hub.requests]

@@ -48,6 +48,19 @@ def _has_weights(path: Path) -> bool:
     return all((path / name).is_file() for name in shards)
 
 
+def _labelled_bars(label: str):
+    """The hub's progress bar class with every bar's description led by what it downloads
+    ("the target REPO: Downloading bytes"), in a terminal and on the page alike: the page shows
+    the newest bar's description alone, so a line said before the bars start is soon covered."""
+    from huggingface_hub.utils import tqdm
+
+    class Labelled(tqdm):
+        def __init__(self, *args, desc: str = None, **kwargs):
+            super().__init__(*args, desc=f"downloading {label}: {desc}" if desc else f"downloading {label}", **kwargs)
+
+    return Labelled
+
+
 def config(repo: str, what: str, allow_download: bool = True) -> dict:
     """The repository's config.json alone (a few kB): from the cache, else from the hub."""
     from huggingface_hub import hf_hub_download
@@ -91,7 +104,9 @@ def snapshot(repo: str, what: str, allow_download: bool = True) -> Path:
         raise DFlashError(f"{what} '{repo}' is only partly in the Hugging Face cache and {why}")
     path = Path(
         _call(
-            lambda local: snapshot_download(repo, allow_patterns=HUB_FILES, local_files_only=local),
+            lambda local: snapshot_download(
+                repo, allow_patterns=HUB_FILES, local_files_only=local, tqdm_class=_labelled_bars(f"the {what} {repo}")
+            ),
             repo,
             what,
             allow_download,
