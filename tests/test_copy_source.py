@@ -3,8 +3,9 @@
 import pytest
 from code_prompts import PROMPTS
 
-from dflash_core.engine.copy_source import MAX_MATCH, CopySource
+from dflash_core.engine.copy_source import MAX_COPY, MAX_MATCH, CopySource
 from dflash_core.engine.events import CycleEvent, RunSummary
+from dflash_core.engine.policy import AcceptancePredictor, CostModel, CostProfile, Policy
 
 
 def run(gen):
@@ -76,6 +77,21 @@ def test_acceptance_per_match_length_and_the_long_copy_rule():
     assert src.replaces(copy, None) is not None  # the caller decides when no draft ran
 
 
+def test_a_copy_verifies_as_many_tokens_as_pay_for_their_rows():
+    """A copy may hold more tokens than the draft's block; the policy verifies those whose chance
+    of acceptance earns more than plain decoding would in their rows' time."""
+
+    def policy(row_cost: float) -> Policy:  # a plain step 0.1 s, each further row `row_cost` of one
+        verify_s = [0.1 * (1 + row_cost * r) for r in range(MAX_COPY + 1)]
+        return Policy(8, CostModel(CostProfile(0.01, verify_s)), AcceptancePredictor(8))
+
+    assert MAX_COPY > 7
+    assert policy(0.1).copy_length(0.9, MAX_COPY) == MAX_COPY  # 0.9 ** 15 > 0.1: past the block of 8
+    assert policy(0.1).copy_length(0.7, MAX_COPY) == 6  # 0.7 ** 6 > 0.1 > 0.7 ** 7
+    assert policy(0.1).copy_length(0.9, 4) == 4  # no more than the copy holds
+    assert policy(1.0).copy_length(0.9, MAX_COPY) == 1  # a row as dear as a step: only the first
+
+
 ATTENTION, GATED_DELTA_NET = "qwen3", "qwen3_5"
 
 
@@ -120,6 +136,27 @@ def test_copied_proposals_are_lossless(random_pairs, family, policy):
         stats = summary.stats()
         assert stats["copy"] is True and stats["copied_cycles"] == summary.copied_cycles
     assert copied > 0  # the copy source proposed in some cycles
+
+
+@pytest.mark.parametrize("family", [ATTENTION, GATED_DELTA_NET])
+def test_copies_longer_than_the_block_are_lossless(random_pairs, family, monkeypatch):
+    """Every copy as long as it may be (the policy's choice forced to the longest): copies of up
+    to MAX_COPY tokens after a block of 8, rolled back where they fail, output identical."""
+    monkeypatch.setattr(Policy, "copy_length", lambda self, p, most: most)
+    pair = random_pairs[family]
+    copies = []
+    for ids in repeating_prompts(pair):
+        _, base = run(pair.baseline(ids, 60))
+        cycles, summary = run(pair.dflash(ids, 60, 8, policy="adaptive", copy=True))
+        assert summary.tokens == base.tokens
+        copies += [ev for ev in cycles if ev.source == "copy"]
+    longest = max(copies, key=lambda ev: ev.verified)
+    assert longest.verified > 7
+    # the inspector lays the long copy out over as many block positions as it has proposals
+    from ui.render import inspector_html
+
+    html = inspector_html(longest, lambda tok: f"t{tok}")
+    assert all(f"<th>{k}</th>" in html for k in range(len(longest.drafted) + 1))
 
 
 def test_without_copy_no_cycle_is_copied(random_pairs):

@@ -135,8 +135,11 @@ def test_a_non_streamed_hang_up_is_cancelled(served):
     wait_for(lambda: running(s) == 0, 30, "an idle server")
     cancelled_before = count(s, "cancelled")
     drafts_before = metric_values(s)["dflash_spec_decode_num_drafts_total"]
-    # asks for 4 LONG runs' worth so that even a fast machine would take seconds more to finish it
-    body = {"model": MODEL, "prompt": "hello", "max_tokens": 4 * LONG}
+    # asks for all the context holds (twice LONG or more), so that even a fast machine would take
+    # seconds more to finish it
+    room = s.pair.context_length - 16
+    assert room >= 2 * LONG
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": room}
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
         httpx.post(s.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
     assert metric_values(s)["dflash_spec_decode_num_drafts_total"] > drafts_before  # it was generating
@@ -144,7 +147,7 @@ def test_a_non_streamed_hang_up_is_cancelled(served):
     assert count(s, "cancelled") == cancelled_before + 1
     last = records(s, 1)[0]
     assert last["outcome"] == "cancelled" and last["stop_reason"] == "cancelled"
-    assert last["generated_tokens"] < LONG  # an eighth of the run it asked for
+    assert last["generated_tokens"] < LONG  # under half the run it asked for
 
 
 def test_a_client_that_stops_reading_is_cut_off_and_does_not_delay_the_next(pinned):

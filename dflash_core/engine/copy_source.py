@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from .events import CycleEvent, Decision
 
 MIN_MATCH, MAX_MATCH = 2, 6
+# the most tokens one copy proposes, past the draft's block where it is shorter: a copy that is
+# right is often right for a whole line, and the cost model decides how many of them to verify
+MAX_COPY = 15
 # a copy this many accepted tokens long (expected) is verified without a draft forward
 LONG_COPY = 2.0
 PRIOR_TRIALS = 8  # the prior acceptance weighs as this many copied tokens: a run soon outweighs it
@@ -32,6 +35,9 @@ class Copy:
     tokens: list
     start: int
     match: int
+
+    def first(self, n: int) -> "Copy":
+        return Copy(self.tokens[:n], self.start, self.match)
 
 
 class CopySource:

@@ -7,7 +7,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
 
 from .. import backend
-from .copy_source import CopySource
+from .copy_source import MAX_COPY, CopySource
 from .draft import DraftContext, DraftModel
 from .events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent
 from .policy import AcceptancePredictor, CostModel, Policy, probe_costs
@@ -78,9 +78,10 @@ def dflash_generate(
     B, mask_id = block_size, draft.config.mask_token_id
     head = target.draft_head(draft_vocab)
     profiles = {} if cost_profiles is None else cost_profiles
-    key = (B, draft_vocab is not None, backend.blas_threads())
+    most_rows = max(B, MAX_COPY + 1) if copy else B  # a copy may verify more rows than a block
+    key = (B, draft_vocab is not None, backend.blas_threads(), most_rows)
     if key not in profiles:
-        profiles[key] = probe_costs(target, draft, head, B, prompt_ids[:PROBE_CONTEXT])
+        profiles[key] = probe_costs(target, draft, head, B, prompt_ids[:PROBE_CONTEXT], most_rows)
     rule = Policy(
         B,
         CostModel(profiles[key]),
@@ -123,7 +124,9 @@ def dflash_generate(
 
     while stop is None:
         t = time.perf_counter()
-        copied = copies.propose(staged, B - 1) if copies else None
+        copied = copies.propose(staged, most_rows - 1) if copies else None
+        if copied is not None:  # as many of its tokens as pay for their rows
+            copied = copied.first(rule.copy_length(copies.p_accept(copied), len(copied.tokens)))
         long_copy = copied is not None and copies.is_long(copied)
         decision = None if long_copy else rule.before_draft()
         if decision is not None:

@@ -130,17 +130,21 @@ def _interpolated(points: dict, n: int) -> list:
     return out
 
 
-def probe_costs(target, draft, head, block_size: int, context_ids: list, repeats: int = 2) -> CostProfile:
-    """Time the draft's forward and target forwards of a few row counts on a short context (the
-    target's cache is reset by the run's own prefill afterwards). Fastest of `repeats`: noise only
-    ever adds time."""
+def probe_costs(
+    target, draft, head, block_size: int, context_ids: list, most_rows: int = None, repeats: int = 2
+) -> CostProfile:
+    """Time the draft's forward and target forwards of a few row counts, up to `most_rows` (the
+    block's by default; more where copies from the context may be longer), on a short context
+    (the target's cache is reset by the run's own prefill afterwards). Fastest of `repeats`:
+    noise only ever adds time."""
     from .draft import DraftContext
 
+    most_rows = max(block_size, most_rows or 0)
     ctx = DraftContext(draft)
     target.prefill(context_ids, on_taps=ctx.extend)
     mx.eval(*(c.state for c in target.cache))
-    rows = sorted({1, 2, max(2, block_size // 2), block_size})
-    fill = (context_ids * block_size)[:block_size]
+    rows = sorted({1, 2, max(2, block_size // 2), block_size, most_rows})
+    fill = (context_ids * most_rows)[:most_rows]
 
     def timed(fn) -> float:
         best = math.inf
@@ -162,7 +166,7 @@ def probe_costs(target, draft, head, block_size: int, context_ids: list, repeats
         mx.eval(mx.argmax(logits, axis=-1), mx.logsumexp(logits, axis=-1))
 
     verify_s = {r: timed(lambda r=r: verify(r)) for r in rows}
-    return CostProfile(timed(propose), _interpolated(verify_s, block_size))
+    return CostProfile(timed(propose), _interpolated(verify_s, most_rows))
 
 
 class CostModel:
@@ -198,6 +202,10 @@ class CostModel:
         probed = self._probed(False, v)
         measured, seen = self.by_v[v]
         return (PRIOR_V_CYCLES * probed * self._scale("drafted") + measured) / (PRIOR_V_CYCLES * probed + seen) * probed
+
+    def verify_s(self, v: int) -> float:
+        """A verify of v proposals alone, with no draft forward (a copy from the context)."""
+        return self.profile.verify_s[v] * self._scale("drafted")
 
     def observe(self, plain: bool, v: int, seconds: float):
         probed = self._probed(plain, v)
@@ -360,12 +368,20 @@ class Policy:
             reason = f"fixed policy (min confidence {self.min_confidence:g}): verify {v} of {self.B - 1}, {why}"
         return Decision(v, False, tokens, steps, plain_s * 1e3, reason)
 
+    def copy_length(self, p_accept: float, most: int) -> int:
+        """How many of a copy's tokens to verify, each accepted with chance `p_accept` given those
+        before it were: as many as earn more tokens than plain decoding would in their rows' time
+        (after_draft's criterion; a copy pays no draft forward), at least one."""
+        rate, most = 1 / self.costs.plain_s(), min(most, len(self.costs.profile.verify_s) - 1)
+        return max(range(1, most + 1), key=lambda n: expected_tokens([p_accept] * n, n) - rate * self.costs.verify_s(n))
+
     def copied(self, verified: int, expected_tokens: float, reason: str) -> Decision:
         """The Decision of a cycle that verifies `verified` tokens copied from the context instead
         of the draft's proposals (dflash_core.engine.copy_source); its cost is the verify alone."""
         plain_s = self.costs.plain_s()
-        verify_s = self.costs.profile.verify_s[verified] * self.costs._scale("drafted")
-        return Decision(verified, False, expected_tokens, verify_s / plain_s, plain_s * 1e3, reason)
+        return Decision(
+            verified, False, expected_tokens, self.costs.verify_s(verified) / plain_s, plain_s * 1e3, reason
+        )
 
     def observe(self, ev: CycleEvent, seconds: float):
         """A finished cycle: its timing and outcome update the models."""

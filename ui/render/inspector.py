@@ -15,20 +15,23 @@ def inspector_html(
     if ev.plain_step:
         return _plain_step_inspector(ev, token_text, hybrid)
     B, a, v = ev.block_size, ev.accepted_len, ev.verified
+    P = len(ev.drafted)  # proposals: B - 1 from the draft, up to copy_source.MAX_COPY from a copy
 
     def cell(tok, cls=""):
         return f'<td class="{cls}"><code>{show_text(token_text(tok), inline=True) or "&nbsp;"}</code></td>'
 
-    head = "".join(f"<th>{k}</th>" for k in range(B))
-    block = cell(ev.staged_token, "staged") + "".join(
-        f'<td class="mask"><code>{esc(mask_text)}</code></td>' for _ in range(B - 1)
+    head = "".join(f"<th>{k}</th>" for k in range(max(B, P + 1)))
+    block = (
+        cell(ev.staged_token, "staged")
+        + "".join(f'<td class="mask"><code>{esc(mask_text)}</code></td>' for _ in range(B - 1))
+        + "<td></td>" * (P + 1 - B)
     )
     drafted = "<td></td>" + "".join(
         cell(t, "acc" if k < a else ("rej" if k < v else "unverified")) for k, t in enumerate(ev.drafted)
     )
     # posterior[k-1] is the target's choice for block position k (computed at position k-1);
     # positions past the verified ones were not sent to the target
-    unchecked = '<td class="unverified">–</td>' * (B - 1 - v)
+    unchecked = '<td class="unverified">–</td>' * (max(B - 1, P) - v)
     wanted = (
         "<td></td>"
         + "".join(cell(ev.posterior[k], "acc" if k < a else ("fix" if k == a else "")) for k in range(v))
@@ -46,7 +49,7 @@ def inspector_html(
         unsure = "proposals past the token budget"
     facts = (
         f"<div><span class='k'>accepted length</span> <b>{a}</b> of {v} verified"
-        f"{f' ({B - 1 - v} {unsure} not verified)' if v < B - 1 else ''}</div>"
+        f"{f' ({P - v} {unsure} not verified)' if v < P else ''}</div>"
         + (f"<div><span class='k'>proposals</span> {esc(copy_words(ev))}</div>" if copied else "")
         + _outcome_facts(ev, token_text, hybrid)
         + _decision_facts(ev)
@@ -179,9 +182,9 @@ def _sampling_rows(ev: CycleEvent, unchecked: str) -> list:
 
 def _read_words(ev: CycleEvent, policy: str = None) -> str:
     """How much of the block the target read, and why (the start of a sentence)."""
-    B, v = ev.block_size, ev.verified
-    if v == B - 1:
-        return f"The target then read the {B} tokens in one forward pass and"
+    v, P = ev.verified, len(ev.drafted)
+    if v == P:
+        return f"The target then read the {P + 1} tokens in one forward pass and"
     if v == 0:
         return (
             "The policy then judged that not even the first guess was worth its row in the target's "
@@ -190,11 +193,11 @@ def _read_words(ev: CycleEvent, policy: str = None) -> str:
     if policy == "adaptive":
         return (
             f"The policy verified only the first {v}: past them, a guess's chance of being accepted no longer "
-            f"paid for the row it adds to the target's forward pass, so the target read {v + 1} tokens, not {B}. It"
+            f"paid for the row it adds to the target's forward pass, so the target read {v + 1} tokens, not {P + 1}. It"
         )
     return (
         f"The draft was sure of only the first {v} (each at least the confidence threshold; "
-        f"the first always goes), so the target read {v + 1} tokens, not {B}: on a CPU every "
+        f"the first always goes), so the target read {v + 1} tokens, not {P + 1}: on a CPU every "
         "verified position costs time, and unsure guesses are rarely accepted. It"
     )
 
@@ -230,7 +233,7 @@ def explain(ev: CycleEvent, token_text, policy: str = None) -> str:
         )
     elif ev.is_bonus:
         s.append(
-            f"It agreed with every {'verified ' if v < B - 1 else ''}guess, so all {a} were kept, and its pick after the last one, "
+            f"It agreed with every {'verified ' if v < len(ev.drafted) else ''}guess, so all {a} were kept, and its pick after the last one, "
             f"{q(ev.next_staged)}, comes free: a bonus token, staged for the next cycle."
         )
     elif a == 0:
