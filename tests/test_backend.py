@@ -13,20 +13,15 @@ from dflash_core import backend
 from dflash_core.models.loading import load_pair
 
 
-def test_cudnn_attention_is_off_unless_the_user_chose():
-    # every speculative cycle has a new key length; cuDNN would build a plan for each one
-    assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == "0"
-    code = "import os, dflash_core; print(os.environ['MLX_CUDA_USE_CUDNN_SDPA'])"
-    env = {**os.environ, "MLX_CUDA_USE_CUDNN_SDPA": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "1"
-
-
-def test_tf32_matmuls_are_off_unless_the_user_chose():
-    # a many-row verify in TF32 and a one-row step in float32 can round a near-tie apart
-    assert os.environ["MLX_ENABLE_TF32"] == "0"
-    code = "import os, dflash_core; print(os.environ['MLX_ENABLE_TF32'])"
-    env = {**os.environ, "MLX_ENABLE_TF32": "1"}
+# MLX switches set before MLX starts, each of which the user's own setting overrides:
+# cuDNN attention (every speculative cycle has a new key length; cuDNN would build a plan for
+# each one) and TF32 matmuls (a many-row verify in TF32 and a one-row step in float32 can round
+# a near-tie apart)
+@pytest.mark.parametrize("name", ["MLX_CUDA_USE_CUDNN_SDPA", "MLX_ENABLE_TF32"])
+def test_an_mlx_switch_is_off_unless_the_user_chose(name):
+    assert os.environ[name] == "0"
+    code = f"import os, dflash_core; print(os.environ['{name}'])"
+    env = {**os.environ, name: "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
 
