@@ -50,7 +50,7 @@ def _has_weights(path: Path) -> bool:
 
 def _labelled_bars(label: str):
     """The hub's progress bar class with every bar's description led by what it downloads
-    ("the target REPO: Downloading bytes"), in a terminal and on the page alike: the page shows
+    ("downloading the target REPO: Fetching 4 files"), in a terminal and on the page alike: the page shows
     the newest bar's description alone, so a line said before the bars start is soon covered."""
     from huggingface_hub.utils import tqdm
 
