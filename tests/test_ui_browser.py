@@ -82,7 +82,9 @@ def test_query_parameters_prefill_the_form(served, page):
     )
     # the adaptive policy's link has no threshold, and its page no threshold to set
     page.goto(f"{served[0]}?prompt={quote(text)}&max_tokens=17&block_size=5&chat=0&policy=adaptive")
-    expect(page.locator("#policy input[value=adaptive]")).to_be_checked(timeout=30_000)
+    expect(page.locator("#prompt textarea")).to_have_value(text, timeout=30_000)  # the link has filled the form
+    expect(page.locator("#max-tokens input[type=number]")).to_have_value("17")
+    expect(page.locator("#policy input[value=adaptive]")).to_be_checked()
     expect(page.locator("#min-confidence input[type=number]")).to_be_disabled()
     page.locator("#copy-link").click()
     expect(link).to_have_value(f"{served[0]}?prompt={prompt}&max_tokens=17&block_size=5&chat=0&policy=adaptive")
