@@ -139,7 +139,7 @@ def probe_costs(
     noise only ever adds time."""
     from .draft import DraftContext
 
-    most_rows = max(block_size, most_rows or 0)
+    most_rows = most_rows or block_size
     ctx = DraftContext(draft)
     target.prefill(context_ids, on_taps=ctx.extend)
     mx.eval(*(c.state for c in target.cache))
@@ -372,7 +372,7 @@ class Policy:
         """How many of a copy's tokens to verify, each accepted with chance `p_accept` given those
         before it were: as many as earn more tokens than plain decoding would in their rows' time
         (after_draft's criterion; a copy pays no draft forward), at least one."""
-        rate, most = 1 / self.costs.plain_s(), min(most, len(self.costs.profile.verify_s) - 1)
+        rate = 1 / self.costs.plain_s()
         return max(range(1, most + 1), key=lambda n: expected_tokens([p_accept] * n, n) - rate * self.costs.verify_s(n))
 
     def copied(self, verified: int, expected_tokens: float, reason: str) -> Decision:

@@ -31,7 +31,7 @@ def inspector_html(
     )
     # posterior[k-1] is the target's choice for block position k (computed at position k-1);
     # positions past the verified ones were not sent to the target
-    unchecked = '<td class="unverified">–</td>' * (max(B - 1, P) - v)
+    unchecked = '<td class="unverified">–</td>' * (P - v)
     wanted = (
         "<td></td>"
         + "".join(cell(ev.posterior[k], "acc" if k < a else ("fix" if k == a else "")) for k in range(v))
@@ -273,7 +273,7 @@ def _explain_sampled(ev: CycleEvent, q, read: str) -> str:
         )
     elif ev.is_bonus:
         s.append(
-            f"All {a} {'verified ' if v < B - 1 else ''}proposals were kept, so the next token, {q(ev.next_staged)}, "
+            f"All {a} {'verified ' if v < len(ev.drafted) else ''}proposals were kept, so the next token, {q(ev.next_staged)}, "
             "was drawn from the target's p after the last one: a bonus token, staged for the next cycle."
         )
     else:
