@@ -15,6 +15,9 @@
 #   bash scripts/gpu_figures.sh heldout   the default pair on all 40 held-out chat requests, float32:
 #                                          the adaptive policy side by side with the fixed one
 #                                          (REPEAT=N repeats, default 3)
+#   bash scripts/gpu_figures.sh graphs    MLX CUDA's graph settings (MLX_CUDA_GRAPH_CACHE_SIZE,
+#                                          MLX_MAX_OPS_PER_BUFFER) on the first 12 held-out requests,
+#                                          one repeat each (GRAPH_SETTINGS="CACHE:OPS ..."), the adaptive policy beside the fixed one
 # Writes to ${OUT:-gpu-results}/. Every piece is timed and bounded, so a piece that hangs costs its
 # own limit, not the rest. The default pair's target is the GGUF that scripts/install.sh fetches;
 # it must be in place.
@@ -65,8 +68,19 @@ heldout)
   DFLASH_DTYPE=float32 piece h200-smollm2-135m-policy 560 --prompts assets/prompts/chat_heldout.json \
     --policy adaptive --policy-sweep fixed --repeat "${REPEAT:-3}"
   ;;
+graphs)
+  export DFLASH_DTYPE=float32
+  $py -c "import json; json.dump(json.load(open('assets/prompts/chat_heldout.json'))[:12], open('/tmp/heldout12.json', 'w'))"
+  # the first run on a fresh machine compiles MLX's kernels (over a minute; kept on disk for later runs)
+  piece graphs-warm-up 150 --prompt "Hello" --max-tokens 16 --repeat 1
+  for setting in ${GRAPH_SETTINGS:-100:20 1000:20 1000:50 1000:100 1000:200 100:100}; do
+    cache=${setting%:*} ops=${setting#*:}
+    MLX_CUDA_GRAPH_CACHE_SIZE=$cache MLX_MAX_OPS_PER_BUFFER=$ops piece "graphs-cache$cache-ops$ops" 90 \
+      --prompts /tmp/heldout12.json --policy adaptive --policy-sweep fixed --repeat 1
+  done
+  ;;
 *)
-  echo "usage: bash scripts/gpu_figures.sh checks|cycle|overlap|heldout" >&2
+  echo "usage: bash scripts/gpu_figures.sh checks|cycle|overlap|heldout|graphs" >&2
   exit 2
   ;;
 esac
