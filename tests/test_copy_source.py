@@ -3,7 +3,7 @@
 import pytest
 from code_prompts import PROMPTS
 
-from dflash_core.engine.copy_source import MAX_COPY, MAX_MATCH, CopySource
+from dflash_core.engine.copy_source import MAX_COPY, MAX_MATCH, Copy, CopySource
 from dflash_core.engine.events import CycleEvent, RunSummary
 from dflash_core.engine.policy import AcceptancePredictor, CostModel, CostProfile, Policy
 
@@ -66,30 +66,76 @@ def _copied_cycle(copy, accepted: int) -> CycleEvent:
     )
 
 
-def test_acceptance_per_match_length_and_the_long_copy_rule():
+def test_acceptance_per_match_length():
     src = CopySource([1, 2, 3, 4, 9, 1, 2, 3])
     copy = src.propose(4, 7)
-    assert copy.match == 4 and src.is_long(copy)  # a 4-token match starts trusted
+    assert copy.match == 4
     before = src.p_accept(copy)
+    assert before > src.p_accept(Copy([9], 0, 2))  # a 4-token match starts more trusted than a bigram
     for _ in range(10):  # copies after 4-token matches keep failing at once
         src.observe(_copied_cycle(copy, accepted=0))
-    assert src.p_accept(copy) < before / 2 and not src.is_long(copy)
-    assert src.replaces(copy, None) is not None  # the caller decides when no draft ran
+    assert src.p_accept(copy) < before / 2
+    assert src.p_tokens(copy) == [src.p_accept(copy)] * len(copy.tokens)
+
+
+def test_the_drafts_block_tempers_a_copys_chances():
+    """Where copy and draft agree, the better of the two chances; at the first token where they
+    differ, at most the chance that the draft is wrong there; past it, the copy's own rate."""
+    src = CopySource([5, 6, 7, 8, 1, 2, 3, 4])
+    copy = Copy([5, 6, 7, 8], 0, 4)
+    rate = src.p_accept(copy)
+    assert rate == pytest.approx(0.8)
+    p = src.p_tokens(copy, drafted=[5, 6, 9, 8], p_drafted=[0.95, 0.3, 0.9, 0.5])
+    assert p == pytest.approx([0.95, rate, 0.1, rate])
+    assert src.p_tokens(copy, drafted=[4], p_drafted=[0.6]) == pytest.approx([0.4, rate, rate, rate])
+
+
+def _policy(row_cost: float) -> Policy:
+    """A plain step 0.1 s, each further row `row_cost` of one; a draft forward a tenth of a step."""
+    verify_s = [0.1 * (1 + row_cost * r) for r in range(MAX_COPY + 1)]
+    return Policy(8, CostModel(CostProfile(0.01, verify_s)), AcceptancePredictor(8))
 
 
 def test_a_copy_verifies_as_many_tokens_as_pay_for_their_rows():
     """A copy may hold more tokens than the draft's block; the policy verifies those whose chance
     of acceptance earns more than plain decoding would in their rows' time."""
-
-    def policy(row_cost: float) -> Policy:  # a plain step 0.1 s, each further row `row_cost` of one
-        verify_s = [0.1 * (1 + row_cost * r) for r in range(MAX_COPY + 1)]
-        return Policy(8, CostModel(CostProfile(0.01, verify_s)), AcceptancePredictor(8))
-
     assert MAX_COPY > 7
-    assert policy(0.1).copy_length(0.9, MAX_COPY) == MAX_COPY  # 0.9 ** 15 > 0.1: past the block of 8
-    assert policy(0.1).copy_length(0.7, MAX_COPY) == 6  # 0.7 ** 6 > 0.1 > 0.7 ** 7
-    assert policy(0.1).copy_length(0.9, 4) == 4  # no more than the copy holds
-    assert policy(1.0).copy_length(0.9, MAX_COPY) == 1  # a row as dear as a step: only the first
+    assert _policy(0.1).copy_length([0.9] * MAX_COPY) == MAX_COPY  # 0.9 ** 15 > 0.1: past the block of 8
+    assert _policy(0.1).copy_length([0.7] * MAX_COPY) == 6  # 0.7 ** 6 > 0.1 > 0.7 ** 7
+    assert _policy(0.1).copy_length([0.9] * 4) == 4  # no more than the copy holds
+    assert _policy(1.0).copy_length([0.9] * MAX_COPY) == 1  # a row as dear as a step: only the first
+    assert _policy(0.1).copy_length([0.9, 0.05, 0.9, 0.9]) == 1  # a likely miss ends it
+
+
+def test_a_copy_goes_alone_where_it_promises_more_than_drafting():
+    rule = _policy(0.1)
+    for _ in range(20):  # drafted cycles lately: 4 tokens for 1.8 steps each
+        rule.rate.add(4, 0.18)
+    sure, doubtful = [0.9] * MAX_COPY, [0.5] * MAX_COPY
+    alone = rule.copy_alone(sure, "copy")
+    assert alone.verified == MAX_COPY and not alone.plain_step
+    assert alone.expected_tokens == pytest.approx(1 + sum(0.9**i for i in range(1, MAX_COPY + 1)))
+    assert alone.predicted_steps == pytest.approx(1 + 0.1 * MAX_COPY)
+    assert "no draft forward" in alone.reason
+    assert rule.copy_alone(doubtful, "copy") is None  # 1.9 tokens for 1.3 steps: drafting does better
+    # where drafting does not pay, the same copy beats plain steps' one token a step
+    slow = _policy(0.1)
+    for _ in range(20):
+        slow.rate.add(1, 0.18)
+    assert slow.copy_alone(doubtful, "copy").verified == 3
+
+
+def test_a_copy_replaces_the_drafts_block_only_where_it_is_worth_more():
+    rule = _policy(0.1)
+    block = rule.after_draft([0.9] * 7)  # a confident block: about 3.8 tokens at v = 7 in the prior's bins
+    src = CopySource([5, 6, 7, 8, 1, 2, 3, 4])
+    copy = Copy([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], 0, 6)
+    p_agree = src.p_tokens(copy, [5, 6, 7, 8, 9, 10, 11], rule.acceptance.p([0.9] * 7))
+    instead = rule.copy_instead(p_agree, "copy", block)
+    assert instead is not None and instead.verified > 7  # agrees with the block, and goes on past it
+    assert instead.expected_tokens > block.expected_tokens
+    p_differ = src.p_tokens(copy, [4, 6, 7, 8, 9, 10, 11], rule.acceptance.p([0.99] * 7))
+    assert rule.copy_instead(p_differ, "copy", block) is None  # the draft is sure its first token is another
 
 
 ATTENTION, GATED_DELTA_NET = "qwen3", "qwen3_5"
@@ -142,7 +188,7 @@ def test_copied_proposals_are_lossless(random_pairs, family, policy):
 def test_copies_longer_than_the_block_are_lossless(random_pairs, family, monkeypatch):
     """Every copy as long as it may be (the policy's choice forced to the longest): copies of up
     to MAX_COPY tokens after a block of 8, rolled back where they fail, output identical."""
-    monkeypatch.setattr(Policy, "copy_length", lambda self, p, most: most)
+    monkeypatch.setattr(Policy, "copy_length", lambda self, p: len(p))
     pair = random_pairs[family]
     copies = []
     for ids in repeating_prompts(pair):

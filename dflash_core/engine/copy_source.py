@@ -4,20 +4,20 @@ prompt + output, the tokens that followed them there are proposed, at no model c
 An index of the n-grams (n = MIN_MATCH .. MAX_MATCH) of prompt + committed tokens maps each to the
 position after its latest occurrence; it grows as tokens commit, so a lookup is MAX_MATCH - MIN_MATCH
 + 1 dictionary reads whatever the context length. The longest n whose last n tokens (the staged
-token included) occurred before wins. Each match length keeps its own acceptance statistics: a
-copy goes to the target instead of the draft's block where it is expected to be accepted for at
-least as many tokens (dflash_core.engine)."""
+token included) occurred before wins. Each match length keeps its own acceptance statistics; where
+the draft's block has been read, the draft's own proposals and their chances temper a copy's (the
+two agree where both are likely right, and where they differ at most one is). The policy decides
+whether a copy goes to the target instead of the draft's block, or alone without a draft forward
+(dflash_core.engine.policy)."""
 
 from dataclasses import dataclass
 
-from .events import CycleEvent, Decision
+from .events import CycleEvent
 
 MIN_MATCH, MAX_MATCH = 2, 6
 # the most tokens one copy proposes, past the draft's block where it is shorter: a copy that is
 # right is often right for a whole line, and the cost model decides how many of them to verify
 MAX_COPY = 15
-# a copy this many accepted tokens long (expected) is verified without a draft forward
-LONG_COPY = 2.0
 PRIOR_TRIALS = 8  # the prior acceptance weighs as this many copied tokens: a run soon outweighs it
 
 
@@ -78,30 +78,27 @@ class CopySource:
         hits, trials = self.acceptance[copy.match]
         return hits / trials
 
-    def expected_accepted(self, copy: Copy, verified: int) -> float:
-        """Copied tokens expected to be accepted when the first `verified` are checked."""
-        p = self.p_accept(copy)
-        return sum(p**i for i in range(1, verified + 1))
+    def p_tokens(self, copy: Copy, drafted: list | None = None, p_drafted: list | None = None) -> list:
+        """Each copied token's chance of acceptance given those before it were: its match length's
+        rate, and where the draft's proposals and their chances are known, theirs too up to the
+        first position where copy and draft differ: a token both propose is accepted at least as
+        often as either says, and where they differ the copy is right only where the draft is
+        wrong. (Past that position the draft's later proposals follow its own, rejected, tokens.)
+        A copy whose first token the draft is sure it knows otherwise is then not worth a row."""
+        rate = self.p_accept(copy)
+        p = [rate] * len(copy.tokens)
+        for i, (mine, theirs, p_theirs) in enumerate(zip(copy.tokens, drafted or [], p_drafted or [])):
+            if mine != theirs:
+                p[i] = min(rate, 1 - p_theirs)
+                break
+            p[i] = max(rate, p_theirs)
+        return p
 
-    def is_long(self, copy: Copy) -> bool:
-        """Worth verifying without a draft forward: expected accepted for LONG_COPY tokens or more."""
-        return self.expected_accepted(copy, len(copy.tokens)) >= LONG_COPY
-
-    def replaces(self, copy: Copy, draft_decision: Decision | None) -> tuple | None:
-        """(expected committed tokens, the reason) where the copy goes to the target instead of
-        the draft's block: a long copy (`draft_decision` None: no draft forward was run), or one
-        expected to commit at least as many tokens as the draft's block; else None."""
-        v = len(copy.tokens)
-        expected = 1 + self.expected_accepted(copy, v)
-        why = (
-            f"copy {v} tokens from context position {copy.start} (after a {copy.match}-token match, "
-            f"{self.p_accept(copy):.0%} of such copied tokens accepted): expected {expected:.1f} tokens"
+    def reason(self, copy: Copy) -> str:
+        return (
+            f"copy {len(copy.tokens)} tokens from context position {copy.start} (after a {copy.match}-token "
+            f"match, {self.p_accept(copy):.0%} of such copied tokens accepted)"
         )
-        if draft_decision is None:
-            return expected, f"{why}, no draft forward"
-        if expected < draft_decision.expected_tokens:
-            return None
-        return expected, f"{why}, the draft's block {draft_decision.expected_tokens:.1f}"
 
     def observe(self, ev: CycleEvent):
         """A cycle that verified a copy: each copied token up to and including the first rejection

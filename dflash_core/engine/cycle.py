@@ -74,7 +74,8 @@ def dflash_generate(
     `prefix_cache`: prefill starts from the longest cached prefix of the prompt, and the run's
     prompt and its end are snapshot there (dflash_core.engine.prefix_cache). `copy`: tokens copied from
     the context (dflash_core.engine.copy_source) go to the target instead of the draft's block where
-    they are expected to be accepted further; a long copy needs no draft forward."""
+    the policy expects more of them, or alone (no draft forward) where they promise more than
+    drafting would."""
     B, mask_id = block_size, draft.config.mask_token_id
     head = target.draft_head(draft_vocab)
     profiles = {} if cost_profiles is None else cost_profiles
@@ -125,11 +126,11 @@ def dflash_generate(
     while stop is None:
         t = time.perf_counter()
         copied = copies.propose(staged, most_rows - 1) if copies else None
-        if copied is not None:  # as many of its tokens as pay for their rows
-            copied = copied.first(rule.copy_length(copies.p_accept(copied), len(copied.tokens)))
-        long_copy = copied is not None and copies.is_long(copied)
-        decision = None if long_copy else rule.before_draft()
-        if decision is not None:
+        p_copied = copies.p_tokens(copied) if copied else None
+        # a copy that promises more than drafting would is verified alone: no draft forward
+        alone = rule.copy_alone(p_copied, copies.reason(copied)) if copied else None
+        decision = alone or rule.before_draft()
+        if decision is not None and decision.plain_step:
             # plain steps, until the policy drafts again: no draft forward; the target checks the
             # staged token alone
             t_step, pending, threads = t, [], backend.blas_threads()
@@ -149,9 +150,8 @@ def dflash_generate(
             ctx.extend([mx.concatenate(hs, axis=1) for hs in zip(*pending)])
             continue
 
-        # draft: one forward over [staged, MASK x (B-1)] proposes B-1 tokens (a long copy from the
-        # context needs none)
-        if not long_copy:
+        # draft: one forward over [staged, MASK x (B-1)] proposes B-1 tokens
+        if alone is None:
             if draft_fn is None:
                 block = target.embed(mx.array([staged] + [mask_id] * (B - 1)))[None]
                 logits = head.logits(draft.propose(block, ctx.kv, ctx.length)[:, 1:])[0]  # over the head's rows
@@ -169,16 +169,18 @@ def dflash_generate(
                 proposals, sure = mx.array(drafted), mx.ones(len(drafted))  # a deterministic draft is sure
             if rule.reads_confidence:  # where a verified row costs time (a CPU), read the draft's confidence first
                 mx.eval(proposals, sure)
-                decision = rule.after_draft(sure.tolist())
+                confidence = sure.tolist()
+                decision = rule.after_draft(confidence)
+                if copied:  # the draft's block tempers the copy's chances
+                    p_copied = copies.p_tokens(copied, proposals.tolist(), rule.acceptance.p(confidence))
             else:  # where rows are cheap (a GPU), decide without it: the cycle then syncs with the host once
                 decision = rule.after_draft(None)
-        choice = copies.replaces(copied, None if long_copy else decision) if copied else None
-        if choice is None:
-            copied = None
-        else:  # the copy is verified instead: a deterministic draft, sure of each token
+            instead = rule.copy_instead(p_copied, copies.reason(copied), decision) if copied else None
+            decision, copied = (instead, copied) if instead else (decision, None)
+        if copied:  # the copy is verified instead: a deterministic draft, as sure of each token as expected
+            copied = copied.first(decision.verified)
             proposals, q = mx.array(copied.tokens), None
-            sure = mx.full((len(copied.tokens),), copies.p_accept(copied))
-            decision = rule.copied(len(copied.tokens), *choice)
+            sure = mx.array(p_copied[: decision.verified])
         # the last cycle verifies no more proposals than the budget has room for after the staged token
         verified = min(decision.verified, max_tokens - len(tokens) - 1)
         t_draft = time.perf_counter()

@@ -368,20 +368,41 @@ class Policy:
             reason = f"fixed policy (min confidence {self.min_confidence:g}): verify {v} of {self.B - 1}, {why}"
         return Decision(v, False, tokens, steps, plain_s * 1e3, reason)
 
-    def copy_length(self, p_accept: float, most: int) -> int:
-        """How many of a copy's tokens to verify, each accepted with chance `p_accept` given those
-        before it were: as many as earn more tokens than plain decoding would in their rows' time
-        (after_draft's criterion; a copy pays no draft forward), at least one."""
+    def copy_length(self, p_copied: list) -> int:
+        """How many of a copy's tokens to verify, given each one's chance of acceptance (those
+        before it accepted): as many as earn more tokens than plain decoding would in their rows'
+        time (after_draft's criterion; a copy pays no draft forward), at least one."""
         rate = 1 / self.costs.plain_s()
-        return max(range(1, most + 1), key=lambda n: expected_tokens([p_accept] * n, n) - rate * self.costs.verify_s(n))
-
-    def copied(self, verified: int, expected_tokens: float, reason: str) -> Decision:
-        """The Decision of a cycle that verifies `verified` tokens copied from the context instead
-        of the draft's proposals (dflash_core.engine.copy_source); its cost is the verify alone."""
-        plain_s = self.costs.plain_s()
-        return Decision(
-            verified, False, expected_tokens, self.costs.verify_s(verified) / plain_s, plain_s * 1e3, reason
+        return max(
+            range(1, len(p_copied) + 1), key=lambda n: expected_tokens(p_copied, n) - rate * self.costs.verify_s(n)
         )
+
+    def copy_alone(self, p_copied: list, why: str) -> Decision | None:
+        """A copy verified without a draft forward, where its expected tokens per step beat what
+        the run would do otherwise: drafted cycles at their recent rate, or plain steps; else None
+        (the draft runs, and copy_instead may still choose the copy)."""
+        v = self.copy_length(p_copied)
+        tokens, steps = expected_tokens(p_copied, v), self.costs.verify_s(v) / self.costs.plain_s()
+        drafted_tokens, drafted_steps = self.drafting()
+        if tokens / steps <= max(drafted_tokens / drafted_steps, 1.0):
+            return None
+        why += f": expected {tokens:.1f} tokens for {steps:.1f} steps, no draft forward"
+        why += f" (drafted cycles lately {drafted_tokens:.1f} for {drafted_steps:.1f})"
+        return Decision(v, False, tokens, steps, self.costs.plain_s() * 1e3, why)
+
+    def copy_instead(self, p_copied: list, why: str, drafted: Decision) -> Decision | None:
+        """The copy instead of the draft's block (its forward already paid), where its expected
+        tokens less what its rows cost, at plain decoding's rate (after_draft's criterion), beat
+        the block's; else None."""
+        plain_s = self.costs.plain_s()
+        v = self.copy_length(p_copied)
+        tokens = expected_tokens(p_copied, v)
+        worth = tokens - self.costs.verify_s(v) / plain_s
+        if worth <= drafted.expected_tokens - self.costs.verify_s(drafted.verified) / plain_s:
+            return None
+        why += f": expected {tokens:.1f} tokens, the draft's block {drafted.expected_tokens:.1f}"
+        steps = drafted.predicted_steps + (self.costs.verify_s(v) - self.costs.verify_s(drafted.verified)) / plain_s
+        return Decision(v, False, tokens, steps, plain_s * 1e3, why)
 
     def observe(self, ev: CycleEvent, seconds: float):
         """A finished cycle: its timing and outcome update the models."""
