@@ -3,7 +3,7 @@
 import pytest
 from code_prompts import PROMPTS
 
-from dflash_core.engine.copy_source import MAX_COPY, MAX_MATCH, Copy, CopySource
+from dflash_core.engine.copy_source import MAX_COPY, MAX_MATCH, PRIOR_TRIALS, Copy, CopySource
 from dflash_core.engine.events import CycleEvent, RunSummary
 from dflash_core.engine.policy import AcceptancePredictor, CostModel, CostProfile, Policy
 
@@ -67,15 +67,23 @@ def _copied_cycle(copy, accepted: int) -> CycleEvent:
 
 
 def test_acceptance_per_match_length():
+    """Two rates per match length: copies' first tokens, and the tokens after an accepted one."""
     src = CopySource([1, 2, 3, 4, 9, 1, 2, 3])
     copy = src.propose(4, 7)
     assert copy.match == 4
-    before = src.p_accept(copy)
-    assert before > src.p_accept(Copy([9], 0, 2))  # a 4-token match starts more trusted than a bigram
+    first, later = src.p_accept(copy)
+    assert first > src.p_accept(Copy([9], 0, 2))[0]  # a 4-token match starts more trusted than a bigram
     for _ in range(10):  # copies after 4-token matches keep failing at once
         src.observe(_copied_cycle(copy, accepted=0))
-    assert src.p_accept(copy) < before / 2
-    assert src.p_tokens(copy) == [src.p_accept(copy)] * len(copy.tokens)
+    assert src.p_accept(copy)[0] < first / 2 and src.p_accept(copy)[1] == later  # nothing told of later tokens
+    for _ in range(10):  # ... and then start right, and fail at the third token
+        src.observe(_copied_cycle(copy, accepted=2))
+    now_first, now_later = src.p_accept(copy)
+    assert now_first > first / 2 and now_later < later
+    assert now_later == pytest.approx(
+        (later * PRIOR_TRIALS + 10) / (PRIOR_TRIALS + 20)
+    )  # 2 trials a copy past the first, 1 hit
+    assert src.p_tokens(copy) == [now_first] + [now_later] * (len(copy.tokens) - 1)
 
 
 def test_the_drafts_block_tempers_a_copys_chances():
@@ -83,11 +91,11 @@ def test_the_drafts_block_tempers_a_copys_chances():
     differ, at most the chance that the draft is wrong there; past it, the copy's own rate."""
     src = CopySource([5, 6, 7, 8, 1, 2, 3, 4])
     copy = Copy([5, 6, 7, 8], 0, 4)
-    rate = src.p_accept(copy)
-    assert rate == pytest.approx(0.8)
+    first, later = src.p_accept(copy)
+    assert (first, later) == pytest.approx((0.7, 0.85))
     p = src.p_tokens(copy, drafted=[5, 6, 9, 8], p_drafted=[0.95, 0.3, 0.9, 0.5])
-    assert p == pytest.approx([0.95, rate, 0.1, rate])
-    assert src.p_tokens(copy, drafted=[4], p_drafted=[0.6]) == pytest.approx([0.4, rate, rate, rate])
+    assert p == pytest.approx([0.95, later, 0.1, later])
+    assert src.p_tokens(copy, drafted=[4], p_drafted=[0.6]) == pytest.approx([0.4, later, later, later])
 
 
 def _policy(row_cost: float) -> Policy:
