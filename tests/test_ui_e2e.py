@@ -51,10 +51,11 @@ def run(
     top_p=1.0,
     seed=0,
     policy="adaptive",
+    copy=False,
 ):
     """Press Run (thinking off, the draft as stored): the outputs by name."""
     settings = (prompt, key, max_tokens, block_size, chat, min_confidence, temperature, top_p, seed)
-    return dict(zip(OUTPUTS, client.predict(*settings, False, "as stored", policy, api_name="/run")))
+    return dict(zip(OUTPUTS, client.predict(*settings, False, "as stored", policy, copy, api_name="/run")))
 
 
 def exported(out) -> dict:
@@ -122,6 +123,25 @@ def test_the_adaptive_policy_shows_its_decisions_and_stays_lossless(served, clie
     assert "verified rows and cost per cycle" in chart["layout"]["title"]["text"]
     bars = next(t for t in chart["data"] if t["name"] == "verified")
     assert bars["y"] == [e["verified"] for e in events]
+
+
+def test_copied_proposals_show_apart_and_the_output_stays_lossless(served, client):
+    """The copy switch: a prompt that repeats itself, so that the reply's last tokens occur in the
+    context; the pane marks copied proposals, the inspector of a copied cycle says where from, and
+    the export records the setting and each cycle's source."""
+    line = "The quick brown fox jumps over the lazy dog. "
+    out = run(client, served[1], prompt=line * 3 + "The quick brown", copy=True)
+    run_json = exported(out)
+    assert run_json["lossless"]["verdict"] == "identical" and run_json["settings"]["copy"] is True
+    events = run_json["dflash"]["events"]
+    copied = [i for i, e in enumerate(events) if e["copied_from"] is not None]
+    assert copied and run_json["dflash"]["summary"]["copied_cycles"] == len(copied)
+    assert "tok-copied" in out["d_out"] and "copied from context position" in out["d_out"]
+    assert out["d_out"].count("tok-copied") >= sum(events[i]["accepted_len"] for i in copied)
+    without = exported(run(client, served[1], prompt=line * 3 + "The quick brown"))
+    assert without["settings"]["copy"] is False
+    assert all(e["copied_from"] is None for e in without["dflash"]["events"])
+    assert without["dflash"]["summary"]["tokens"] == run_json["dflash"]["summary"]["tokens"]
 
 
 def test_sampling_run_says_same_distribution_and_shows_the_draws(served, client):

@@ -474,17 +474,18 @@ def prefilled(url: str) -> dict:
     play = Playground(catalogue, worker=None, max_tokens_cap=256)
     request = SimpleNamespace(query_params=dict(parse_qsl(urlsplit(url).query)))
     names = ["prompt", "max_tokens", "block_size", "chat", "policy", "min_confidence", "temperature", "top_p", "seed"]
+    names += ["model_info", "thinking", "copy"]
     return dict(zip(names, play.prefill(None, request)))
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
 def test_the_policy_round_trips_through_the_share_link():
-    fixed = copied_link("def f(x):\n", 40, 5, False, "fixed", 0.35, 0, 1, 0, False)
+    fixed = copied_link("def f(x):\n", 40, 5, False, "fixed", 0.35, 0, 1, 0, False, False)
     assert "policy=fixed" in fixed and "min_confidence=0.35" in fixed
     form = prefilled(fixed)
     assert form["policy"] == "fixed" and form["prompt"] == "def f(x):\n"
     assert form["min_confidence"].value == 0.35 and form["min_confidence"].interactive is True
-    adaptive = copied_link("hi", 40, 5, True, "adaptive", 0.35, 0, 1, 0, False)
+    adaptive = copied_link("hi", 40, 5, True, "adaptive", 0.35, 0, 1, 0, False, False)
     assert "policy=adaptive" in adaptive and "min_confidence" not in adaptive  # the threshold is the fixed policy's
     form = prefilled(adaptive)
     assert form["policy"] == "adaptive" and form["min_confidence"].interactive is False
@@ -492,3 +493,11 @@ def test_the_policy_round_trips_through_the_share_link():
     assert prefilled("http://host/?prompt=x&min_confidence=0.4")["policy"] == "fixed"
     assert prefilled("http://host/?prompt=x")["policy"] == "adaptive"
     assert prefilled("http://host/?prompt=x&policy=bogus")["policy"] == "adaptive"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
+def test_the_copy_switch_round_trips_through_the_share_link():
+    on = copied_link("hi", 40, 5, True, "adaptive", 0.2, 0, 1, 0, False, True)
+    assert "copy=1" in on and prefilled(on)["copy"] is True
+    off = copied_link("hi", 40, 5, True, "adaptive", 0.2, 0, 1, 0, False, False)
+    assert "copy" not in off.split("?", 1)[1] and prefilled(off)["copy"] is False

@@ -166,6 +166,13 @@ def build_app(
                     interactive=False,  # the adaptive policy's until the policy is fixed
                     elem_id="min-confidence",
                 )
+                copy = gr.Checkbox(
+                    False,
+                    label="Also copy proposals from the context (prompt lookup)",
+                    info="where the last few tokens occurred before in the prompt or output, the tokens that "
+                    "followed them there are proposed too; the cost model picks them or the draft's (amber: copied)",
+                    elem_id="copy",
+                )
                 chat = gr.Checkbox(catalogue.is_chat(default), label="Apply the chat template", elem_id="chat-template")
                 thinking = gr.Checkbox(
                     False,
@@ -274,7 +281,8 @@ def build_app(
             seed,
             thinking,
             draft_quant,
-            policy,  # last: the API's positions from before the policy stay
+            policy,  # last: the API's positions from before the policy and the copy source stay
+            copy,
         ]
         run_event = run_btn.click(
             play.run,
@@ -299,7 +307,7 @@ def build_app(
         theme_btn.click(None, js=assets.THEME_JS)
         link_btn.click(
             None,
-            [prompt, max_tokens, block_size, chat, policy, min_confidence, temperature, top_p, seed, thinking],
+            [prompt, max_tokens, block_size, chat, policy, min_confidence, temperature, top_p, seed, thinking, copy],
             [link],
             js=assets.COPY_LINK_JS,
         )
@@ -382,6 +390,7 @@ def build_app(
                 seed,
                 model_info,
                 thinking,
+                copy,
             ],
             api_visibility="private",
         )

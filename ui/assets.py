@@ -145,7 +145,7 @@ RACE_JS = """
 
 # Builds a permalink for the current settings, copies it when the browser allows, and shows it.
 COPY_LINK_JS = """
-(prompt, maxTokens, blockSize, chat, policy, minConfidence, temperature, topP, seed, thinking) => {
+(prompt, maxTokens, blockSize, chat, policy, minConfidence, temperature, topP, seed, thinking, copy) => {
   const u = new URL(window.location.href);
   u.search = '';
   u.searchParams.set('prompt', prompt);
@@ -155,6 +155,7 @@ COPY_LINK_JS = """
   u.searchParams.set('policy', policy);
   if (policy === 'fixed') u.searchParams.set('min_confidence', minConfidence);  // the fixed policy's alone
   if (thinking) u.searchParams.set('thinking', '1');
+  if (copy) u.searchParams.set('copy', '1');
   if (temperature > 0) {
     u.searchParams.set('temperature', temperature);
     u.searchParams.set('top_p', topP);

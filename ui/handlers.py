@@ -130,7 +130,7 @@ class Playground:
     # --- permalink ----------------------------------------------------------------------
     def prefill(self, key, request: gr.Request):
         """Fill the form from ?prompt=...&max_tokens=...&block_size=...&chat=...&policy=...
-        &min_confidence=...&temperature=...&top_p=...&seed=...&thinking=... A link without a policy
+        &min_confidence=...&temperature=...&top_p=...&seed=...&thinking=...&copy=... A link without a policy
         but with a min_confidence (made before the adaptive policy) asks for the fixed one."""
         q = dict(request.query_params) if request else {}
         try:
@@ -166,6 +166,7 @@ class Playground:
             number("seed", 0, 0, 2**31 - 1),
             info,
             gr.Checkbox(value=q.get("thinking") in ("1", "true", "yes"), visible=self.thinking_switch(key)),
+            q.get("copy") in ("1", "true", "yes"),
         )
 
     def thinking_switch(self, key) -> bool:
@@ -200,14 +201,16 @@ class Playground:
         thinking=False,
         draft_quant=FULL_PRECISION,
         policy="adaptive",
+        copy=False,
         request: gr.Request = None,
     ):
         """Baseline, then DFlash, then the lossless check, streamed to the page. Temperature 0 is
         greedy; above it, plain sampling against speculative sampling with the same seed. Thinking
         turns on the chat template's thinking mode where it has one; draft_quant is the draft's
         precision (DRAFT_PRECISIONS); policy is DFlash's verification policy (POLICIES), and
-        min_confidence applies to the fixed one alone. policy comes last, so that callers of the
-        API from before it keep their positions (and get the adaptive policy)."""
+        min_confidence applies to the fixed one alone; copy also proposes tokens copied from the
+        context. policy and copy come last, so that callers of the API from before them keep their
+        positions (and get the adaptive policy, without copies)."""
         ui = self.ui
         try:
             # the sliders' bounds (Gradio checks them) hold the host's cap and the draft's block size
@@ -243,6 +246,7 @@ class Playground:
             sampling=Sampling(float(temperature), float(top_p), int(seed)) if float(temperature or 0) > 0 else None,
             thinking=thinking,
             draft_quant=bits,
+            copy=bool(copy),
         )
         view = RunView(pair)
         yield {**view.reset(ui), ui["status"]: render.info_html(f"prompt: {len(ids)} tokens · running the baseline …")}

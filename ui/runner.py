@@ -23,6 +23,7 @@ class Comparison:
     sampling: Sampling = None  # None: greedy, both engines; else plain vs speculative sampling, seeded alike
     thinking: bool = False  # the chat template's thinking mode was on
     draft_quant: int = None  # bits of the draft's quantized linear layers; None: as stored
+    copy: bool = False  # proposals also copied from the context (dflash_core.engine.copy_source)
     stage: str = "queued"  # baseline | dflash | check | done
     baseline: list = field(default_factory=list)  # TokenEvents
     baseline_summary: RunSummary = None
@@ -49,6 +50,7 @@ class Comparison:
                 "chat_template": self.chat_template,
                 "thinking": self.thinking,
                 "draft_quant": self.draft_quant,
+                "copy": self.copy,
                 "policy": self.dflash_summary.policy if self.dflash_summary else self.policy,
                 # the threshold applies to the fixed policy alone
                 "min_confidence": self.dflash_summary.min_confidence
@@ -119,6 +121,7 @@ def compare(worker, pair, run: Comparison, user_stop: threading.Event):
             min_confidence=run.min_confidence if run.policy == "fixed" else None,
             sampling=run.sampling,
             policy=run.policy,
+            copy=run.copy,
         ),
         user_stop,
     )
