@@ -244,7 +244,9 @@ class ScriptedPair:
         self._note("baseline end")
         yield RunSummary("baseline", len(ids), self.reference, 0.01, 0.05, "max_tokens", 1.0)
 
-    def dflash(self, ids, max_tokens, block_size, should_stop, min_confidence=None, sampling=None, policy=None):
+    def dflash(
+        self, ids, max_tokens, block_size, should_stop, min_confidence=None, sampling=None, policy=None, copy=False
+    ):
         self._note("dflash start")
         o = self.ours
         yield CycleEvent(0, 3, o[0], o[1:3], [0.9, 0.8], 2, o[1:3] + [7], 2, o[:3], 7, 0, 0, 1.0, 2.0, 0.1, 0.01)
