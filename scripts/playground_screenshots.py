@@ -1,10 +1,14 @@
 """Regenerate docs/playground-{light,dark}.png: launch the playground on the shipped pair, run the
-first example prompt in headless Chromium, and capture the page in both themes.
+first example prompt in headless Chromium, and capture the page in both themes. With --policy,
+docs/playground-policy.png instead: the black-hole example under the adaptive policy, from the
+speedup to the cycle inspector opened on the run's last plain step (its reason line).
 
     .venv/bin/python scripts/playground_screenshots.py [--model DIR --draft DIR] [--max-tokens N]
+    .venv/bin/python scripts/playground_screenshots.py --policy
 """
 
 import argparse
+import io
 import socket
 import sys
 from pathlib import Path
@@ -12,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from PIL import Image  # noqa: E402
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
@@ -30,7 +35,10 @@ def main():
         "accepted runs and rejections in most cycles",
     )
     p.add_argument("--out", default=str(ROOT / "docs"))
+    p.add_argument("--policy", action="store_true", help="the black-hole example's plain steps (playground-policy.png)")
     a = p.parse_args()
+    if a.policy:
+        a.prompt = a.prompt or "Explain what a black hole is in simple terms."
     demo, kwargs = build_app(a.model, a.draft)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,7 +47,7 @@ def main():
     url = f"http://127.0.0.1:{port}/?max_tokens={a.max_tokens}"
     with sync_playwright() as pw:
         browser = launch_chromium(pw)
-        for theme in ("light", "dark"):
+        for theme in ("light",) if a.policy else ("light", "dark"):
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             page.goto(f"{url}&__theme={theme}")
             expect(page.locator("#prompt textarea")).not_to_have_value("", timeout=30_000)
@@ -48,6 +56,9 @@ def main():
             page.locator("#run").click()
             expect(page.locator("#lossless .v")).not_to_contain_text("lossless check runs", timeout=600_000)
             page.wait_for_timeout(14_000)  # the race replay finishes (3-12 s)
+            if a.policy:
+                policy_shot(page, f"{a.out}/playground-policy.png")
+                continue
             if theme == "light":  # controls, verdict, both panes
                 bottom = page.locator("#all-rejected").bounding_box()
                 clip = {"x": 0, "y": 0, "width": 1360, "height": bottom["y"] + bottom["height"] + 16}
@@ -58,6 +69,42 @@ def main():
             page.screenshot(path=f"{a.out}/playground-{theme}.png", clip=clip, full_page=True)
         browser.close()
     demo.close()
+
+
+def policy_shot(page, path: str):
+    """The speedup, both panes and the inspector on the last plain step, printed with its reason."""
+    steps = page.locator("#dflash-tokens span.cycle.plain-step")
+    if steps.count() == 0:
+        print("no plain step in this run: nothing to show", file=sys.stderr)
+        return
+    cycle = steps.last.get_attribute("data-cycle")
+    print(f"plain steps: {steps.count()}; inspecting cycle {cycle}: {steps.last.get_attribute('title')}")
+    box = page.locator("#cycle-slider input[type=number]")
+    box.fill(cycle)
+    box.press("Enter")
+    expect(page.locator("#inspector")).to_contain_text(f"Cycle {cycle}", timeout=30_000)
+    # two crops, stacked (the race and the charts between them left out): speedup to both panes,
+    # then the inspector
+    print("speedup:", " ".join(page.locator("#speedup").inner_text().split()))
+    scroll = page.evaluate("window.scrollY")  # boxes are in the viewport, full-page clips in the page
+
+    def box(selector):
+        b = page.locator(selector).bounding_box()
+        return b["y"] + scroll, b["y"] + scroll + b["height"]
+
+    (top, _), (_, panes_end) = box("#speedup"), box("#all-rejected")
+    (insp_top, _), (_, insp_end) = box("#cycle-slider"), box("#inspector")
+    crops = [
+        {"x": 0, "y": top - 12, "width": 1360, "height": panes_end - top + 24},
+        {"x": 0, "y": insp_top - 12, "width": 1360, "height": insp_end - insp_top + 28},
+    ]
+    images = [Image.open(io.BytesIO(page.screenshot(clip=c, full_page=True))) for c in crops]
+    out = Image.new("RGB", (1360, sum(im.height for im in images)), "white")
+    y = 0
+    for im in images:
+        out.paste(im, (0, y))
+        y += im.height
+    out.save(path, optimize=True)
 
 
 if __name__ == "__main__":
