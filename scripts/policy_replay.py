@@ -23,7 +23,6 @@ count of requests under 1.0x.
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 # isort: split
 import mlx.core as mx  # noqa: E402
 
-from dflash_core.engine.cycle import _plain_steps, accepted_length  # noqa: E402
+from dflash_core.engine.cycle import accepted_length  # noqa: E402
 from dflash_core.engine.events import CycleEvent, RunSummary  # noqa: E402
 from dflash_core.engine.policy import (  # noqa: E402
     AcceptancePredictor,
@@ -45,6 +44,7 @@ from dflash_core.engine.policy import (  # noqa: E402
 )
 from dflash_core.loading import load_pair  # noqa: E402
 from dflash_core.training.draft_blocks import block_logits  # noqa: E402
+from scripts.plain_steps import plain_steps_ms  # noqa: E402
 
 PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 SETS = {"chat_bench": 256, "examples": 128, "long_source": 128, "chat_heldout": 128}
@@ -86,13 +86,7 @@ def measured_costs(pair, ids: list) -> dict:
     building: cheaper than a one-row verify)."""
     head = pair.target.draft_head(pair.draft_vocab)
     profile = probe_costs(pair.target, pair.draft, head, pair.block_size, ids, repeats=3)
-    pair.target.reset()
-    staged = mx.argmax(pair.target.prefill(ids)).item()
-    n, steps = 24, iter(range(23))
-    t0 = None
-    for _ in _plain_steps(pair.target, staged, lambda: next(steps, None) is not None, None):
-        t0 = t0 or time.perf_counter()
-    plain_s = (time.perf_counter() - t0) / (n - 1)
+    plain_s = plain_steps_ms(pair.target, ids, 24) / 1e3
     return {"plain_s": plain_s, "draft_s": profile.draft_s, "verify_s": profile.verify_s}
 
 

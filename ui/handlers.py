@@ -150,12 +150,15 @@ class Playground:
             except ValueError:
                 return default
 
+        def switch(name, default=False) -> bool:
+            return q[name] in ("1", "true", "yes") if name in q else default
+
         policy = policy_of_query(q)
         return (
             q.get("prompt", example_prompts()[0]),
             number("max_tokens", min(128, cap), 1, cap),
             number("block_size", B, 2, B),
-            q.get("chat", "0") in ("1", "true", "yes") if "chat" in q else self.catalogue.is_chat(key),
+            switch("chat", self.catalogue.is_chat(key)),
             policy,
             gr.Slider(
                 value=number("min_confidence", default_min_confidence(), 0.0, 1.0, float),
@@ -165,8 +168,8 @@ class Playground:
             number("top_p", 1.0, 0.05, 1.0, float),
             number("seed", 0, 0, 2**31 - 1),
             info,
-            gr.Checkbox(value=q.get("thinking") in ("1", "true", "yes"), visible=self.thinking_switch(key)),
-            q.get("copy") in ("1", "true", "yes"),
+            gr.Checkbox(value=switch("thinking"), visible=self.thinking_switch(key)),
+            switch("copy"),
         )
 
     def thinking_switch(self, key) -> bool:
