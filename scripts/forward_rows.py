@@ -26,14 +26,14 @@ from dflash_core.models.loading import load_pair  # noqa: E402
 ROWS = (1, 2, 4, 8, 16)
 
 
-def forward_costs(pair, cache_tokens: int = 300, repeats: int = 30) -> dict:
+def forward_costs(pair, cache_tokens: int = 300, repeats: int = 30, rows_list=ROWS) -> dict:
     """rows -> median ms of a verify forward (from building its graph to its logits) and of the
     building alone, over a cache of cache_tokens."""
     target = pair.target
     ids = pair.encode("Why is the sky blue during the day but red at sunset? Explain in detail.", True)
     target.prefill((ids * (cache_tokens // len(ids) + 1))[:cache_tokens])
     out = {}
-    for rows in ROWS:
+    for rows in rows_list:
         build, total = [], []
         for i in range(repeats + 1):  # the first is a warm-up
             t0 = time.perf_counter()
@@ -74,15 +74,19 @@ def main():
     p.add_argument("--draft")
     p.add_argument("--prompts", help="JSON list of requests (default: the benchmark's)")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts to time, e.g. 1,2,4,8,16")
+    p.add_argument("--cycles", type=int, help="engine cycles on only the first N requests (0: none)")
     p.add_argument("--save", help="also write the JSON here")
     args = p.parse_args()
     pair = load_pair(args.model, args.draft, allow_download=False)
     prompts = json.loads(Path(args.prompts or DEFAULT_PROMPTS[pair.chat_default]).read_text())
     res = {"device": str(mx.default_device()), "dtype": str(pair.compute_dtype or "the weights' own")}
-    res["target_forward_by_rows"] = rows = forward_costs(pair)
+    res["target_forward_by_rows"] = rows = forward_costs(pair, rows_list=[int(r) for r in args.rows.split(",")])
     res["forward_in_one_row_forwards"] = {r: round(c["total_ms"] / rows[1]["total_ms"], 2) for r, c in rows.items()}
+    prompts = prompts if args.cycles is None else prompts[: args.cycles]
     res["cycles"] = [{"prompt": q, **cycle_split(pair, q, args.max_tokens)} for q in prompts]
-    res["cycle_steps_median"] = median(c["cycle_steps"] for c in res["cycles"])
+    if prompts:
+        res["cycle_steps_median"] = median(c["cycle_steps"] for c in res["cycles"])
     text = json.dumps(res, indent=1)
     print(text)
     if args.save:

@@ -7,7 +7,8 @@
 #                                          where gemma4_text's random pair first parts), and
 #                                          the random Qwen3-4B-shaped target (bfloat16, float32)
 #   bash scripts/gpu_figures.sh cycle     where a cycle's time goes: the default pair's verify by rows
-#                                          and its cycle in one-token steps (forward_rows.py), and
+#                                          and its cycle in one-token steps (forward_rows.py), each
+#                                          part's operations and time (cycle_profile.py), and
 #                                          the random Qwen3-4B-shaped target's oracle at a block of
 #                                          16, float32
 #   bash scripts/gpu_figures.sh overlap   host time against device time (host_overlap.py): eager and
@@ -55,6 +56,7 @@ checks)
   ;;
 cycle)
   DFLASH_DTYPE=float32 run forward-rows 150 $py scripts/forward_rows.py --save "$out/h200-forward-rows.json"
+  DFLASH_DTYPE=float32 run cycle-profile 90 $py scripts/cycle_profile.py --save "$out/cycle-profile.json"
   $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
   DFLASH_DTYPE=float32 piece h200-qwen3-4b-shape-f32 120 --model /tmp/q4b/qwen3-target \
     --draft /tmp/q4b/qwen3-draft --block-size 16 --oracle --prompt "def parse(line):" --repeat 3

@@ -10,6 +10,7 @@ from test_engine import MORE_ARCHITECTURES, _corrupting_draft, architecture_dirs
 from test_sampling import CHI2_999, chi_square, sharp_pair, target_two_tokens  # noqa: F401 (a fixture)
 
 from dflash_core.engine import cycle as engine
+from dflash_core.engine import policy as policy_module
 from dflash_core.engine.events import CONFIDENCE_EDGES, CycleEvent, Decision
 from dflash_core.engine.policy import (
     CALIBRATION_STEPS,
@@ -344,3 +345,18 @@ def test_sampling_keeps_the_targets_distribution_under_interleaving(request, scr
         counts[key] = counts.get(key, 0) + 1
     stat, dof = chi_square(counts, expected, runs)
     assert stat < CHI2_999[dof], (stat, dof)
+
+
+@pytest.mark.parametrize("on_cpu", [True, False], ids=["cpu", "gpu"])
+def test_the_cost_probe_times_every_verify_size_on_a_gpu(random_pairs, monkeypatch, on_cpu):
+    """A GPU's forward can cost more for fewer rows (another kernel past a row count), so the
+    probe times each size there; a CPU's grows smoothly and is interpolated between a few."""
+    pair = random_pairs["qwen3"]
+    timed = []
+    verify = pair.target.verify
+    monkeypatch.setattr(pair.target, "verify", lambda ids: timed.append(len(ids)) or verify(ids))
+    monkeypatch.setattr(policy_module.backend, "on_cpu", lambda: on_cpu)
+    head = pair.target.draft_head(None)
+    profile = policy_module.probe_costs(pair.target, pair.draft, head, 8, list(range(5, 30)))
+    assert len(profile.verify_s) == 8 and all(s > 0 for s in profile.verify_s)
+    assert set(timed) == ({1, 2, 4, 8} if on_cpu else set(range(1, 9)))

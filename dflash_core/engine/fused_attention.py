@@ -66,6 +66,9 @@ _scales = {}  # scale -> a (1,) float32 array (the kernels take the scale as an 
 _checked = {}  # (backend, dtype, head dim, causal) -> True once the self-check passed
 _printed = set()  # kernel variants whose source was printed (verbose)
 _failed = None  # why the fused path is off for the rest of the process, once something failed
+# (backend, on, verbose) as enabled() last read them: `attention` runs once per layer and reading
+# the environment there cost ~5% of a small target's cycle on an H100 (scripts/cycle_profile.py)
+_switch = None
 
 
 def gpu_backend():
@@ -82,14 +85,14 @@ def gpu_backend():
 def enabled() -> bool:
     """Whether `attention` may use the fused kernels: on by default on CUDA, off on Metal (not
     measured there yet), never on the CPU; DFLASH_FUSED_ATTENTION=0|1 overrides on a GPU. Off for
-    the rest of the process once a kernel failed to build or its self-check failed."""
+    the rest of the process once a kernel failed to build or its self-check failed. Reads the
+    environment; `attention` keeps the answer (install() asks at load)."""
+    global _switch
     backend = gpu_backend()
-    if backend is None or _failed is not None:
-        return False
     flag = os.environ.get(ENV, "").strip()
-    if flag in ("0", "1"):
-        return flag == "1"
-    return backend == "cuda"
+    on = backend is not None and (flag == "1" if flag in ("0", "1") else backend == "cuda")
+    _switch = (backend, on, os.environ.get(ENV_VERBOSE, "") == "1")
+    return on and _failed is None
 
 
 _SOURCES = {
@@ -104,6 +107,9 @@ _OUTPUTS = {"pass1": ["po", "pm", "pl"], "pass2": ["out"]}
 def _kernel(backend: str, which: str):
     """The mx.fast kernel object for one pass (MLX compiles one per template and caches it)."""
     key = (backend, which)
+    kernel = _kernels.get(key)
+    if kernel is not None:
+        return kernel
     with _lock:
         if key not in _kernels:
             make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
@@ -120,17 +126,17 @@ def _kernel(backend: str, which: str):
 
 
 def _scale_array(scale: float) -> mx.array:
-    scale = float(scale)
-    with _lock:
-        arr = _scales.get(scale)
-        if arr is None:
-            arr = _scales[scale] = mx.array([scale], dtype=mx.float32)
-        return arr
+    arr = _scales.get(scale)
+    if arr is None:  # a race makes two equal arrays, one of them kept: no lock needed
+        arr = _scales[scale] = mx.array([float(scale)], dtype=mx.float32)
+    return arr
 
 
 def _verbose(key) -> bool:
     """verbose=True for a kernel variant's first call when DFLASH_FUSED_ATTENTION_VERBOSE=1."""
-    if os.environ.get(ENV_VERBOSE, "") != "1":
+    if _switch is None:
+        enabled()
+    if not _switch[2]:
         return False
     with _lock:
         if key in _printed:
@@ -317,9 +323,12 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None) ->
     kernels when they are enabled on this GPU and the call is one they cover and win on (1 x H x
     4..16 rows, mask None or "causal", head dim 64/128/256, float32/bfloat16/float16, cache length
     x rows within max_keys_x_rows); MLX's own otherwise."""
-    if enabled() and _fusable(q, k, v, mask):
+    if _switch is None:
+        enabled()
+    backend, on, _ = _switch
+    if on and _failed is None and _fusable(q, k, v, mask):
         causal = mask is not None
-        if _self_check(gpu_backend(), q.dtype, q.shape[3], causal):
+        if _self_check(backend, q.dtype, q.shape[3], causal):
             return few_rows_attention(q, k, v, scale, causal)
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 

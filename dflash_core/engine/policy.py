@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .. import backend
 from .events import CONFIDENCE_EDGES, CycleEvent, Decision, confidence_bin, confidence_outcomes
 
 POLICIES = ("adaptive", "fixed")
@@ -143,7 +144,15 @@ def probe_costs(
     ctx = DraftContext(draft)
     target.prefill(context_ids, on_taps=ctx.extend)
     mx.eval(*(c.state for c in target.cache))
-    rows = sorted({1, 2, max(2, block_size // 2), block_size, most_rows})
+    # On a GPU a forward costs milliseconds and its cost need not grow smoothly with its rows (MLX
+    # takes another matmul kernel from 8 rows on for a quantized target computing in float32):
+    # every row count is timed there. On a CPU, where a forward costs far more and its cost grows
+    # smoothly, a few are, and the rest interpolated.
+    rows = (
+        range(1, most_rows + 1)
+        if not backend.on_cpu()
+        else sorted({1, 2, max(2, block_size // 2), block_size, most_rows})
+    )
     fill = (context_ids * most_rows)[:most_rows]
 
     def timed(fn) -> float:
