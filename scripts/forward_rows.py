@@ -74,14 +74,16 @@ def main():
     p.add_argument("--draft")
     p.add_argument("--prompts", help="JSON list of requests (default: the benchmark's)")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts to time, e.g. 1,2,4,8,16")
+    p.add_argument(
+        "--rows", default=",".join(map(str, ROWS)), help="row counts to time (one row always), e.g. 2,4,8,16"
+    )
     p.add_argument("--cycles", type=int, help="engine cycles on only the first N requests (0: none)")
     p.add_argument("--save", help="also write the JSON here")
     args = p.parse_args()
     pair = load_pair(args.model, args.draft, allow_download=False)
     prompts = json.loads(Path(args.prompts or DEFAULT_PROMPTS[pair.chat_default]).read_text())
     res = {"device": str(mx.default_device()), "dtype": str(pair.compute_dtype or "the weights' own")}
-    res["target_forward_by_rows"] = rows = forward_costs(pair, rows_list=[int(r) for r in args.rows.split(",")])
+    res["target_forward_by_rows"] = rows = forward_costs(pair, rows_list=sorted({1, *map(int, args.rows.split(","))}))
     res["forward_in_one_row_forwards"] = {r: round(c["total_ms"] / rows[1]["total_ms"], 2) for r, c in rows.items()}
     prompts = prompts if args.cycles is None else prompts[: args.cycles]
     res["cycles"] = [{"prompt": q, **cycle_split(pair, q, args.max_tokens)} for q in prompts]
