@@ -1,14 +1,18 @@
 """Regenerate docs/playground-{light,dark}.png: launch the playground on the shipped pair, run the
 first example prompt in headless Chromium, and capture the page in both themes. With --policy,
 docs/playground-policy.png instead: the black-hole example under the adaptive policy, from the
-speedup to the cycle inspector opened on the run's last plain step (its reason line).
+speedup to the cycle inspector opened on the run's last plain step (its reason line). With --copy,
+docs/playground-copy.png: a context-reuse request (fix the typos in a pasted paragraph) with
+proposals copied from the context, the inspector opened on the copied cycle that committed most.
 
     .venv/bin/python scripts/playground_screenshots.py [--model DIR --draft DIR] [--max-tokens N]
     .venv/bin/python scripts/playground_screenshots.py --policy
+    .venv/bin/python scripts/playground_screenshots.py --copy
 """
 
 import argparse
 import io
+import json
 import socket
 import sys
 from pathlib import Path
@@ -36,18 +40,22 @@ def main():
     )
     p.add_argument("--out", default=str(ROOT / "docs"))
     p.add_argument("--policy", action="store_true", help="the black-hole example's plain steps (playground-policy.png)")
+    p.add_argument("--copy", action="store_true", help="proposals copied from the context (playground-copy.png)")
     a = p.parse_args()
     if a.policy:
         a.prompt = a.prompt or "Explain what a black hole is in simple terms."
+    if a.copy:
+        reuse = json.loads((ROOT / "assets" / "prompts" / "context_reuse.json").read_text())
+        a.prompt = a.prompt or next(q for q in reuse if q.startswith("Fix the typos"))
     demo, kwargs = build_app(a.model, a.draft)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **kwargs)
-    url = f"http://127.0.0.1:{port}/?max_tokens={a.max_tokens}"
+    url = f"http://127.0.0.1:{port}/?max_tokens={a.max_tokens}" + ("&copy=1" if a.copy else "")
     with sync_playwright() as pw:
         browser = launch_chromium(pw)
-        for theme in ("light",) if a.policy else ("light", "dark"):
+        for theme in ("light",) if a.policy or a.copy else ("light", "dark"):
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             page.goto(f"{url}&__theme={theme}")
             expect(page.locator("#prompt textarea")).not_to_have_value("", timeout=30_000)
@@ -57,7 +65,10 @@ def main():
             expect(page.locator("#lossless .v")).not_to_contain_text("lossless check runs", timeout=600_000)
             page.wait_for_timeout(14_000)  # the race replay finishes (3-12 s)
             if a.policy:
-                policy_shot(page, f"{a.out}/playground-policy.png")
+                inspector_shot(page, f"{a.out}/playground-policy.png", last_plain_step(page))
+                continue
+            if a.copy:
+                inspector_shot(page, f"{a.out}/playground-copy.png", best_copied_cycle(page))
                 continue
             if theme == "light":  # controls, verdict, both panes
                 bottom = page.locator("#all-rejected").bounding_box()
@@ -71,14 +82,32 @@ def main():
     demo.close()
 
 
-def policy_shot(page, path: str):
-    """The speedup, both panes and the inspector on the last plain step, printed with its reason."""
+def last_plain_step(page) -> str | None:
+    """The run's last plain step (its cycle number), printed with its reason."""
     steps = page.locator("#dflash-tokens span.cycle.plain-step")
     if steps.count() == 0:
-        print("no plain step in this run: nothing to show", file=sys.stderr)
+        return None
+    print(f"plain steps: {steps.count()}; the last: {steps.last.get_attribute('title')}")
+    return steps.last.get_attribute("data-cycle")
+
+
+def best_copied_cycle(page) -> str | None:
+    """The copied cycle that committed the most copied tokens (its cycle number)."""
+    cycles = page.locator("#dflash-tokens span.cycle:has(.tok-copied)")
+    accepted = [cycles.nth(i).locator(".tok-accepted.tok-copied").count() for i in range(cycles.count())]
+    if not accepted:
+        return None
+    best = max(range(len(accepted)), key=accepted.__getitem__)
+    print(f"copied cycles: {len(accepted)}; copied tokens accepted in each: {accepted}")
+    return cycles.nth(best).get_attribute("data-cycle")
+
+
+def inspector_shot(page, path: str, cycle: str | None):
+    """The speedup, both panes and the inspector opened on `cycle`."""
+    if cycle is None:
+        print("no such cycle in this run: nothing to show", file=sys.stderr)
         return
-    cycle = steps.last.get_attribute("data-cycle")
-    print(f"plain steps: {steps.count()}; inspecting cycle {cycle}: {steps.last.get_attribute('title')}")
+    print(f"inspecting cycle {cycle}")
     box = page.locator("#cycle-slider input[type=number]")
     box.fill(cycle)
     box.press("Enter")
