@@ -1,5 +1,7 @@
 """The copy source (prompt lookup): its n-gram index, and lossless runs whose proposals it copies."""
 
+import dataclasses
+
 import pytest
 from code_prompts import PROMPTS
 
@@ -124,7 +126,7 @@ def test_a_copy_goes_alone_where_it_promises_more_than_drafting():
     assert alone.verified == MAX_COPY and not alone.plain_step
     assert alone.expected_tokens == pytest.approx(1 + sum(0.9**i for i in range(1, MAX_COPY + 1)))
     assert alone.predicted_steps == pytest.approx(1 + 0.1 * MAX_COPY)
-    assert "no draft forward" in alone.reason
+    assert "no draft forward" in alone.reason and not alone.draft_forward
     assert rule.copy_alone(doubtful, "copy") is None  # 1.9 tokens for 1.3 steps: drafting does better
     # where drafting does not pay, the same copy beats plain steps' one token a step
     slow = _policy(0.1)
@@ -141,6 +143,7 @@ def test_a_copy_replaces_the_drafts_block_only_where_it_is_worth_more():
     p_agree = src.p_tokens(copy, [5, 6, 7, 8, 9, 10, 11], rule.acceptance.p([0.9] * 7))
     instead = rule.copy_instead(p_agree, "copy", block)
     assert instead is not None and instead.verified > 7  # agrees with the block, and goes on past it
+    assert instead.draft_forward  # the draft's forward was paid before the copy replaced its block
     assert instead.expected_tokens > block.expected_tokens
     p_differ = src.p_tokens(copy, [4, 6, 7, 8, 9, 10, 11], rule.acceptance.p([0.99] * 7))
     assert rule.copy_instead(p_differ, "copy", block) is None  # the draft is sure its first token is another
@@ -236,3 +239,9 @@ def test_the_pane_colours_copied_proposals_and_the_inspector_says_where_from(ran
     assert "tok-copied" not in cycle_spans(drafted, [text(t) for t in drafted.committed], text)
     inspector = inspector_html(copied, text)
     assert "copied from the context" in inspector and f"position {copied.copied_from}" in inspector
+    # a copy verified alone says that no draft ran (no MASK block); one that replaced the draft's
+    # block shows the block the draft read
+    alone = dataclasses.replace(copied, decision=dataclasses.replace(copied.decision, draft_forward=False))
+    instead = dataclasses.replace(copied, decision=dataclasses.replace(copied.decision, draft_forward=True))
+    assert "no draft forward</td>" in inspector_html(alone, text) and "MASK" not in inspector_html(alone, text)
+    assert "MASK" in inspector_html(instead, text) and "no draft forward</td>" not in inspector_html(instead, text)

@@ -379,7 +379,7 @@ def test_the_inspector_of_a_plain_step_says_no_draft_ran():
     assert "MASK" not in markup and "draft proposes" not in markup  # no block went into a draft
     assert "<script>" not in markup and "&lt;script&gt;" in markup  # the staged token's text
     assert "<b>" not in markup and "&lt;b&gt;&quot;drafting&quot;&lt;/b&gt; &amp; friends" in markup
-    assert "no draft · verify 4.0 ms" in markup
+    assert "no draft forward · verify 4.0 ms" in markup
     # expected 1 token for 1 predicted step; measured (4.0 + 0.4) / 4.0 = 1.10 steps
     assert "expected</span> 1.00 tokens" in markup and "predicted 1.00 · measured 1.10" in markup
     assert "exactly one step of plain decoding" in render.explain(step, text)

@@ -31,6 +31,7 @@ class Decision:
     predicted_steps: float  # its predicted cost, in plain one-token steps
     step_ms: float  # the cost model's plain step when it decided
     reason: str  # one line, for the inspector
+    draft_forward: bool = True  # whether the draft ran (not in a plain step, nor for a copy verified alone)
 
 
 @dataclass

@@ -265,7 +265,7 @@ def expected_tokens(p_accept: list, v: int) -> float:
 
 def _plain_step(plain_s: float, why: str) -> Decision:
     """A plain step's Decision: one token for one step's cost."""
-    return Decision(0, True, 1.0, 1.0, plain_s * 1e3, f"plain step: {why}")
+    return Decision(0, True, 1.0, 1.0, plain_s * 1e3, f"plain step: {why}", draft_forward=False)
 
 
 class Policy:
@@ -398,7 +398,7 @@ class Policy:
             return None
         why += f": expected {tokens:.1f} tokens for {steps:.1f} steps, no draft forward"
         why += f" (drafted cycles lately {drafted_tokens:.1f} for {drafted_steps:.1f})"
-        return Decision(v, False, tokens, steps, self.costs.plain_s() * 1e3, why)
+        return Decision(v, False, tokens, steps, self.costs.plain_s() * 1e3, why, draft_forward=False)
 
     def copy_instead(self, p_copied: list, why: str, drafted: Decision) -> Decision | None:
         """The copy instead of the draft's block (its forward already paid), where its expected

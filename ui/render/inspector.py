@@ -21,11 +21,15 @@ def inspector_html(
         return f'<td class="{cls}"><code>{show_text(token_text(tok), inline=True) or "&nbsp;"}</code></td>'
 
     head = "".join(f"<th>{k}</th>" for k in range(max(B, P + 1)))
-    block = (
-        cell(ev.staged_token, "staged")
-        + "".join(f'<td class="mask"><code>{esc(mask_text)}</code></td>' for _ in range(B - 1))
-        + "<td></td>" * (P + 1 - B)
-    )
+    drafted_block = ev.decision is None or ev.decision.draft_forward
+    if drafted_block:
+        block = (
+            cell(ev.staged_token, "staged")
+            + "".join(f'<td class="mask"><code>{esc(mask_text)}</code></td>' for _ in range(B - 1))
+            + "<td></td>" * (P + 1 - B)
+        )
+    else:  # a copy verified alone: the target reads the staged token and the copy, no draft ran
+        block = cell(ev.staged_token, "staged") + f'<td class="unverified" colspan="{P}">no draft forward</td>'
     drafted = "<td></td>" + "".join(
         cell(t, "acc" if k < a else ("rej" if k < v else "unverified")) for k, t in enumerate(ev.drafted)
     )
@@ -38,7 +42,10 @@ def inspector_html(
         + unchecked
     )
     copied = ev.source == "copy"
-    rows = [("block into the draft", block), ("copied from the context" if copied else "draft proposes", drafted)]
+    rows = [
+        ("block into the draft" if drafted_block else "staged token", block),
+        ("copied from the context" if copied else "draft proposes", drafted),
+    ]
     if ev.confidence:
         label = "copies accepted (rate)" if copied else "draft confidence"
         rows.append((label, "<td></td>" + "".join(f"<td>{c:.2f}</td>" for c in ev.confidence)))
@@ -74,7 +81,8 @@ def _outcome_facts(ev: CycleEvent, token_text, hybrid: bool) -> str:
         rollback += (
             f"; {ev.gdn_replayed} GatedDeltaNet step{'' if ev.gdn_replayed == 1 else 's'} replayed per linear layer"
         )
-    draft = "no draft" if ev.plain_step else f"draft {ev.draft_ms:.1f} ms"
+    no_draft = ev.plain_step or (ev.decision is not None and not ev.decision.draft_forward)
+    draft = "no draft forward" if no_draft else f"draft {ev.draft_ms:.1f} ms"
     n = len(ev.committed)
     return (
         f"<div><span class='k'>committed</span> {committed} <span class='muted'>({n} token{'' if n == 1 else 's'})</span></div>"
