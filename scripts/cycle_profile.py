@@ -74,7 +74,7 @@ def main():
     pair = load_pair(args.model, args.draft, allow_download=False, draft_quant=args.draft_quant)
     target, draft = pair.target, pair.draft
     B, mask_id = args.block_size or pair.block_size, draft.config.mask_token_id
-    head = target.draft_head(pair.draft_vocab if mx.default_device() == mx.cpu else None)
+    head = target.draft_head(pair.draft_vocab)  # as the engine proposes (the vocabulary where it pays)
     ids = pair.encode(PROMPT, pair.chat_default)
     ids = (ids * (300 // len(ids) + 1))[:300]
     ctx = DraftContext(draft)
