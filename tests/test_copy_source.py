@@ -132,7 +132,9 @@ def test_a_copy_goes_alone_where_it_promises_more_than_drafting():
     slow = _policy(0.1)
     for _ in range(20):
         slow.rate.add(1, 0.18)
-    assert slow.copy_alone(doubtful, "copy").verified == 3
+    short = slow.copy_alone(doubtful, "copy")
+    assert short.verified == 3 and "copy, the first 3 verified: expected" in short.reason
+    assert ", the first" not in alone.reason  # the whole copy pays its rows
 
 
 def test_a_copy_replaces_the_drafts_block_only_where_it_is_worth_more():

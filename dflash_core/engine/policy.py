@@ -263,6 +263,11 @@ def expected_tokens(p_accept: list, v: int) -> float:
     return total
 
 
+def _first(v: int, p_copied: list) -> str:
+    """How much of a copy the target checks, for the reason line: the rows that pay for themselves."""
+    return f", the first {v} verified" if v < len(p_copied) else ""
+
+
 def _plain_step(plain_s: float, why: str) -> Decision:
     """A plain step's Decision: one token for one step's cost."""
     return Decision(0, True, 1.0, 1.0, plain_s * 1e3, f"plain step: {why}", draft_forward=False)
@@ -396,7 +401,7 @@ class Policy:
         drafted_tokens, drafted_steps = self.drafting()
         if tokens / steps <= max(drafted_tokens / drafted_steps, 1.0):
             return None
-        why += f": expected {tokens:.1f} tokens for {steps:.1f} steps, no draft forward"
+        why += f"{_first(v, p_copied)}: expected {tokens:.1f} tokens for {steps:.1f} steps, no draft forward"
         why += f" (drafted cycles lately {drafted_tokens:.1f} for {drafted_steps:.1f})"
         return Decision(v, False, tokens, steps, self.costs.plain_s() * 1e3, why, draft_forward=False)
 
@@ -410,7 +415,7 @@ class Policy:
         worth = tokens - self.costs.verify_s(v) / plain_s
         if worth <= drafted.expected_tokens - self.costs.verify_s(drafted.verified) / plain_s:
             return None
-        why += f": expected {tokens:.1f} tokens, the draft's block {drafted.expected_tokens:.1f}"
+        why += f"{_first(v, p_copied)}: expected {tokens:.1f} tokens, the draft's block {drafted.expected_tokens:.1f}"
         steps = drafted.predicted_steps + (self.costs.verify_s(v) - self.costs.verify_s(drafted.verified)) / plain_s
         return Decision(v, False, tokens, steps, plain_s * 1e3, why)
 
