@@ -70,6 +70,11 @@ class CycleEvent:
         return "plain" if self.plain_step else "draft" if self.copied_from is None else "copy"
 
     @property
+    def draft_ran(self) -> bool:
+        """Whether the draft's forward ran: not in a plain step, nor for a copy verified alone."""
+        return not self.plain_step and (self.decision is None or self.decision.draft_forward)
+
+    @property
     def plain_step(self) -> bool:
         return not self.drafted
 

@@ -95,6 +95,13 @@ def enabled() -> bool:
     return on and _failed is None
 
 
+def _settings() -> tuple:
+    """(backend, on, verbose) as enabled() last read them, read now if it never has."""
+    if _switch is None:
+        enabled()
+    return _switch
+
+
 _SOURCES = {
     ("cuda", "pass1"): CUDA_PASS1,
     ("cuda", "pass2"): CUDA_PASS2,
@@ -134,9 +141,7 @@ def _scale_array(scale: float) -> mx.array:
 
 def _verbose(key) -> bool:
     """verbose=True for a kernel variant's first call when DFLASH_FUSED_ATTENTION_VERBOSE=1."""
-    if _switch is None:
-        enabled()
-    if not _switch[2]:
+    if not _settings()[2]:
         return False
     with _lock:
         if key in _printed:
@@ -323,9 +328,7 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None) ->
     kernels when they are enabled on this GPU and the call is one they cover and win on (1 x H x
     4..16 rows, mask None or "causal", head dim 64/128/256, float32/bfloat16/float16, cache length
     x rows within max_keys_x_rows); MLX's own otherwise."""
-    if _switch is None:
-        enabled()
-    backend, on, _ = _switch
+    backend, on, _ = _settings()
     if on and _failed is None and _fusable(q, k, v, mask):
         causal = mask is not None
         if _self_check(backend, q.dtype, q.shape[3], causal):

@@ -21,8 +21,7 @@ def inspector_html(
         return f'<td class="{cls}"><code>{show_text(token_text(tok), inline=True) or "&nbsp;"}</code></td>'
 
     head = "".join(f"<th>{k}</th>" for k in range(max(B, P + 1)))
-    drafted_block = ev.decision is None or ev.decision.draft_forward
-    if drafted_block:
+    if ev.draft_ran:
         block = (
             cell(ev.staged_token, "staged")
             + "".join(f'<td class="mask"><code>{esc(mask_text)}</code></td>' for _ in range(B - 1))
@@ -43,7 +42,7 @@ def inspector_html(
     )
     copied = ev.source == "copy"
     rows = [
-        ("block into the draft" if drafted_block else "staged token", block),
+        ("block into the draft" if ev.draft_ran else "staged token", block),
         ("copied from the context" if copied else "draft proposes", drafted),
     ]
     if ev.confidence:
@@ -81,8 +80,7 @@ def _outcome_facts(ev: CycleEvent, token_text, hybrid: bool) -> str:
         rollback += (
             f"; {ev.gdn_replayed} GatedDeltaNet step{'' if ev.gdn_replayed == 1 else 's'} replayed per linear layer"
         )
-    no_draft = ev.plain_step or (ev.decision is not None and not ev.decision.draft_forward)
-    draft = "no draft forward" if no_draft else f"draft {ev.draft_ms:.1f} ms"
+    draft = f"draft {ev.draft_ms:.1f} ms" if ev.draft_ran else "no draft forward"
     n = len(ev.committed)
     return (
         f"<div><span class='k'>committed</span> {committed} <span class='muted'>({n} token{'' if n == 1 else 's'})</span></div>"
