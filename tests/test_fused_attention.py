@@ -272,10 +272,8 @@ def test_attention_dispatch_on_the_gpu(monkeypatch):
     """Fused for 4..16 rows with mask None / "causal" when enabled; MLX's own for 1-3 rows, array
     masks, or DFLASH_FUSED_ATTENTION=0; the result matches either way."""
     fused = []
-    kernel = fa.few_rows_attention
-    monkeypatch.setattr(
-        fa, "few_rows_attention", lambda *a: fused.append(a[0].shape[2:3] + a[1].shape[2:3]) or kernel(*a)
-    )
+    kernel = fa._fused
+    monkeypatch.setattr(fa, "_fused", lambda *a: fused.append(a[1].shape[2:3] + a[2].shape[2:3]) or kernel(*a))
     monkeypatch.setenv(fa.ENV, "1")
     assert fa.enabled()
     for rows, mask in [(8, "causal"), (16, None), (4, "causal"), (3, "causal"), (1, None)]:
@@ -301,8 +299,8 @@ def test_install_keeps_a_models_logits(monkeypatch, dtype):
     install() as without; install is idempotent and uninstall restores mlx-lm's function."""
     monkeypatch.setenv(fa.ENV, "1")
     fused = []
-    kernel = fa.few_rows_attention
-    monkeypatch.setattr(fa, "few_rows_attention", lambda *a: fused.append(a[0].shape) or kernel(*a))
+    kernel = fa._fused
+    monkeypatch.setattr(fa, "_fused", lambda *a: fused.append(a[1].shape) or kernel(*a))
     model = _tiny_qwen3(seed=3, dtype=dtype)
     prompt, block = [(7 * i) % 128 for i in range(300)], [5, 9, 2, 77, 1, 0, 13, 8, 100, 3, 4, 5, 6, 7, 8, 9]
     try:
@@ -335,6 +333,30 @@ def test_launches_are_worked_out_once_per_shape():
         assert plan[-1][-2:] == ([(1, 9, 8, 64)], [mx.bfloat16])
         assert plan[0][2][0] == 32 * fa.launch_plan(9, 3, 8, 300, 64, backend)["warps"] * 10  # 10 key chunks
         assert fa._launches(backend, (9, 8, 64, 3, 300), mx.bfloat16, True) is plan
+
+
+def test_kernel_sources_are_compact_and_carry_their_constants():
+    """Each kernel variant's source states its template constants as MLX's CUDA backend writes them
+    (`using T = ...;`, `constexpr int D = ...;`) and drops comments and indentation (MLX copies and
+    hashes the source at every call): the same code tokens, each `#pragma` still on its own line."""
+    from dflash_core.engine import attention_kernels as ak
+
+    template = (("T", mx.bfloat16), ("D", 128), ("CAUSAL", False), ("MAXR", 32), ("RPW", 4))
+    assert fa._constants("cuda", template).splitlines() == [
+        "using T = __nv_bfloat16;",
+        "constexpr int D = 128;",
+        "constexpr bool CAUSAL = false;",
+        "constexpr int MAXR = 32;",
+        "constexpr int RPW = 4;",
+    ]
+    assert fa._constants("metal", template[:1]) == "using T = bfloat16_t;\n"
+    for source in (ak.CUDA_HEADER, ak.CUDA_PASS1, ak.CUDA_PASS2, ak.METAL_PASS1, ak.METAL_PASS2):
+        compact = fa._compact(source)
+        code = [line.split("//", 1)[0] for line in source.splitlines()]
+        assert compact.split() == " ".join(code).split()
+        assert len(compact) < len(source) and "//" not in compact
+        pragmas = [line.strip() for line in code if line.strip().startswith("#")]
+        assert pragmas == [line for line in compact.splitlines() if line.startswith("#")]
 
 
 def test_attention_reads_the_environment_once_not_per_call(monkeypatch):

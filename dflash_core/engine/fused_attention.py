@@ -60,7 +60,7 @@ ENV_VERBOSE = "DFLASH_FUSED_ATTENTION_VERBOSE"
 _QUERY_BYTES = {"cuda": 16384, "metal": 15104}
 
 _lock = threading.RLock()
-_kernels = {}  # (backend, pass) -> the mx.fast kernel object (built once; compiled per template)
+_kernels = {}  # (backend, pass, template) -> the mx.fast kernel object (built once)
 _plans = {}  # (backend, shape, dtype, causal) -> the kernel calls (_launches)
 _scales = {}  # scale -> a (1,) float32 array (the kernels take the scale as an input)
 _checked = {}  # (backend, dtype, head dim, causal) -> True once the self-check passed
@@ -111,21 +111,52 @@ _SOURCES = {
 _OUTPUTS = {"pass1": ["po", "pm", "pl"], "pass2": ["out"]}
 
 
-def _kernel(backend: str, which: str):
-    """The mx.fast kernel object for one pass (MLX compiles one per template and caches it)."""
-    key = (backend, which)
+# MLX's names for the template types in each backend's kernel language
+_TYPE_NAMES = {
+    "cuda": {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bfloat16"},
+    "metal": {mx.float32: "float", mx.float16: "half", mx.bfloat16: "bfloat16_t"},
+}
+
+
+def _compact(source: str) -> str:
+    """A kernel body without its comments and indentation (the lines kept: `#pragma`s need their
+    own). MLX copies the whole source into each call's kernel and hashes it at every launch."""
+    lines = (line.split("//", 1)[0].strip() for line in source.splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def _constants(backend: str, template: tuple) -> str:
+    """`template` as the body's first lines, as MLX's CUDA backend would write them."""
+    lines = []
+    for name, value in template:
+        if isinstance(value, mx.Dtype):
+            lines.append(f"using {name} = {_TYPE_NAMES[backend][value]};")
+        elif isinstance(value, bool):
+            lines.append(f"constexpr bool {name} = {str(value).lower()};")
+        else:
+            lines.append(f"constexpr int {name} = {value};")
+    return "\n".join(lines) + "\n"
+
+
+def _kernel(backend: str, which: str, template: tuple):
+    """The mx.fast kernel object for one pass and one set of template constants, made once. The
+    constants are written into its source rather than passed as MLX's `template=`: a call then
+    hands MLX less to convert and format (each of a verify's 60 calls costs the host; see
+    scripts/kernel_host_cost.py), and MLX compiles one kernel per source all the same."""
+    key = (backend, which, template)
     kernel = _kernels.get(key)
     if kernel is not None:
         return kernel
     with _lock:
         if key not in _kernels:
             make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
-            extra = {"header": CUDA_HEADER} if backend == "cuda" else {}
+            extra = {"header": _compact(CUDA_HEADER)} if backend == "cuda" else {}
+            variant = "_".join(str(v).rsplit(".", 1)[-1].lower() for _, v in template)
             _kernels[key] = make(
-                name=f"dflash_rows_{which}",
+                name=f"dflash_rows_{which}_{variant}",
                 input_names=["po", "pm", "pl"] if which == "pass2" else ["q", "k", "v", "scale"],
                 output_names=_OUTPUTS[which],
-                source=_SOURCES[key],
+                source=_constants(backend, template) + _compact(_SOURCES[(backend, which)]),
                 ensure_row_contiguous=False,
                 **extra,
             )
@@ -139,10 +170,8 @@ def _scale_array(scale: float) -> mx.array:
     return arr
 
 
-def _verbose(key) -> bool:
-    """verbose=True for a kernel variant's first call when DFLASH_FUSED_ATTENTION_VERBOSE=1."""
-    if not _settings()[2]:
-        return False
+def _first_print(key) -> bool:
+    """Whether a kernel variant's source is yet to be printed (DFLASH_FUSED_ATTENTION_VERBOSE=1)."""
     with _lock:
         if key in _printed:
             return False
@@ -179,13 +208,13 @@ def _launches(backend: str, shape: tuple, dtype, causal: bool) -> list:
     H, L, D, KVH, N = shape
     p = launch_plan(H, KVH, L, N, D, backend)
     rows, threads = H * L, 32 * p["warps"]
-    template = [("T", dtype), ("D", D), ("CAUSAL", bool(causal)), ("MAXR", p["max_rows"]), ("RPW", ROWS_PER_WARP)]
+    template = (("T", dtype), ("D", D), ("CAUSAL", bool(causal)), ("MAXR", p["max_rows"]), ("RPW", ROWS_PER_WARP))
     nc, f32 = p["chunks"], mx.float32
     total = rows * D
     pass1_shapes = [(rows, nc, D), (rows, nc), (rows, nc)]
     plan = [
         ("pass1", template, (nc * threads, KVH, p["row_groups"]), (threads, 1, 1), pass1_shapes, [f32] * 3),
-        ("pass2", [("T", dtype), ("D", D)], (total, 1, 1), (min(256, total), 1, 1), [(1, H, L, D)], [dtype]),
+        ("pass2", (("T", dtype), ("D", D)), (total, 1, 1), (min(256, total), 1, 1), [(1, H, L, D)], [dtype]),
     ]
     with _lock:
         if len(_plans) > 4096:  # one entry per cache length seen: start over now and then
@@ -212,16 +241,24 @@ def few_rows_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, caus
         raise ValueError(f"few_rows_attention: unsupported q {q.shape}, k {k.shape}")
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"few_rows_attention: dtypes {q.dtype}, {k.dtype}, {v.dtype}")
+    return _fused(backend, q, k, v, scale, causal)
+
+
+def _fused(backend: str, q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
+    """few_rows_attention's launches, its inputs already checked (by it, or by `attention`)."""
+    _, H, L, D = q.shape
+    _, KVH, N, _ = k.shape
+    verbose = _settings()[2]
     inputs = [q, k, v, _scale_array(scale)]
     for which, template, grid, threadgroup, shapes, dtypes in _launches(backend, (H, L, D, KVH, N), q.dtype, causal):
-        inputs = _kernel(backend, which)(
+        extra = {"verbose": True} if verbose and _first_print((backend, which, template)) else {}
+        inputs = _kernel(backend, which, template)(
             inputs=inputs,
-            template=template,
             grid=grid,
             threadgroup=threadgroup,
             output_shapes=shapes,
             output_dtypes=dtypes,
-            verbose=_verbose((backend, which, *template)),
+            **extra,
         )
     return inputs[0]
 
@@ -332,7 +369,7 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None) ->
     if on and _failed is None and _fusable(q, k, v, mask):
         causal = mask is not None
         if _self_check(backend, q.dtype, q.shape[3], causal):
-            return few_rows_attention(q, k, v, scale, causal)
+            return _fused(backend, q, k, v, scale, causal)
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
