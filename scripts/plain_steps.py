@@ -1,11 +1,14 @@
 """Whether the engine's plain steps (the adaptive policy's v = 0: the target alone, its taps kept
 for the draft) cost what plain decoding's steps cost: mlx-lm's `generate_step` against the
-engine's plain-step loop on the shipped pair, interleaved, milliseconds a token, medians.
+engine's plain-step loop on the shipped pair, interleaved, milliseconds a token, medians. Beside
+them, to tell where a difference comes from: the same loop without taps, the same loop on
+mlx-lm's generation stream, and the whole engine (events, policy) with every cycle a plain step.
 
-    python scripts/plain_steps.py [--tokens 64] [--repeat 5] [--prompt TEXT]
+    python scripts/plain_steps.py [--tokens 64] [--repeat 5] [--prompt TEXT] [--save FILE]
 """
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -16,9 +19,11 @@ import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 
 # isort: split
 import mlx.core as mx  # noqa: E402
-from mlx_lm.generate import generate_step  # noqa: E402
+from mlx_lm.generate import generate_step, generation_stream  # noqa: E402
 
+from dflash_core.engine import policy  # noqa: E402
 from dflash_core.engine.cycle import _plain_steps  # noqa: E402
+from dflash_core.engine.target import Target  # noqa: E402
 from dflash_core.loading import load_pair  # noqa: E402
 
 
@@ -32,7 +37,10 @@ def baseline_ms(target, ids: list, n: int) -> float:
     return (time.perf_counter() - t0) / (n - 1) * 1e3
 
 
-def plain_steps_ms(target, ids: list, n: int) -> float:
+def plain_steps_ms(target, ids: list, n: int, stream=None) -> float:
+    if stream is not None:
+        with mx.stream(stream):
+            return plain_steps_ms(target, ids, n)
     target.reset()
     staged = mx.argmax(target.prefill(ids)).item()
     steps = iter(range(n - 1))
@@ -43,24 +51,73 @@ def plain_steps_ms(target, ids: list, n: int) -> float:
     return (time.perf_counter() - t0) / (n - 1) * 1e3
 
 
+def greedy_steps_ms(target, ids: list, n: int) -> float:
+    """The plain-step loop without the target's probability of its token (the policy's `sure`):
+    argmax alone, as generate_step samples greedily."""
+    target.reset()
+    token = mx.array([mx.argmax(target.prefill(ids)).item()])
+    step = None
+    t0 = time.perf_counter()
+    for i in range(n):
+        logits, taps = target.step(token)
+        nxt = mx.argmax(logits, axis=-1, keepdims=True)
+        mx.async_eval(nxt, *taps)
+        if step is not None:
+            step.item()
+        if i == 0:
+            t0 = time.perf_counter()
+        step = token = nxt
+    step.item()
+    return (time.perf_counter() - t0) / (n - 1) * 1e3
+
+
+def engine_ms(pair, ids: list, n: int) -> float:
+    """The whole engine, its policy made to step plainly after the first cycle."""
+    before, keep = policy.Policy.before_draft, policy.Policy.keep_plain
+    policy.Policy.before_draft = lambda self: (
+        policy._plain_step(self.costs.plain_s(), "forced") if self.drafted_any else None
+    )
+    policy.Policy.keep_plain = lambda self: True
+    try:
+        events = list(pair.dflash(ids, n + 8))
+    finally:
+        policy.Policy.before_draft, policy.Policy.keep_plain = before, keep
+    steps = [ev for ev in events[:-1] if ev.decision.plain_step]
+    return (steps[-1].t - steps[0].t) / (len(steps) - 1) * 1e3
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--prompt", default="Explain what a black hole is in simple terms.")
+    ap.add_argument("--save", help="also write the figures here (JSON)")
     args = ap.parse_args()
     pair = load_pair(None, None)
     pair._use_fastest_threads(
         "baseline"
     )  # both loops on plain decoding's fastest BLAS threads, as the engine's plain steps run
     ids = pair.encode(args.prompt, chat_template=True)
-    times = {"generate_step": [], "plain steps": []}
-    baseline_ms(pair.target, ids, 8)  # warm-up
+    untapped = Target(pair.target.model, [])
+    variants = {
+        "generate_step": lambda: baseline_ms(pair.target, ids, args.tokens),
+        "plain steps": lambda: plain_steps_ms(pair.target, ids, args.tokens),
+        "plain steps, no taps": lambda: plain_steps_ms(untapped, ids, args.tokens),
+        "plain steps, argmax only": lambda: greedy_steps_ms(pair.target, ids, args.tokens),
+        "plain steps, generation stream": lambda: plain_steps_ms(pair.target, ids, args.tokens, generation_stream),
+        "engine, every cycle a plain step": lambda: engine_ms(pair, ids, args.tokens),
+    }
+    times = {name: [] for name in variants}
+    for fn in variants.values():  # warm-up
+        fn()
     for _ in range(args.repeat):
-        times["generate_step"].append(baseline_ms(pair.target, ids, args.tokens))
-        times["plain steps"].append(plain_steps_ms(pair.target, ids, args.tokens))
+        for name, fn in variants.items():
+            times[name].append(fn())
     for name, ms in times.items():
-        print(f"{name}: {median(ms):.1f} ms a token (runs {', '.join(f'{m:.1f}' for m in ms)})")
+        print(f"{name}: {median(ms):.2f} ms a token (runs {', '.join(f'{m:.2f}' for m in ms)})")
+    if args.save:
+        figures = {name: {"median_ms": median(ms), "runs_ms": ms} for name, ms in times.items()}
+        Path(args.save).write_text(json.dumps({"device": str(mx.default_device()), "tokens": args.tokens, **figures}))
 
 
 if __name__ == "__main__":
