@@ -3,6 +3,7 @@ every cache kind (attention, sliding window, GatedDeltaNet), greedy and seeded s
 that cannot be cut back are used only at the boundaries stored; snapshots are copies; the LRU
 keeps to its bytes."""
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from code_prompts import PROMPTS
@@ -10,8 +11,10 @@ from mlx_lm.models.cache import KVCache
 from test_engine import MORE_ARCHITECTURES, write_architecture
 
 from dflash_core.engine import dflash_generate, oracle_draft
-from dflash_core.engine.prefix_cache import PrefixCache
+from dflash_core.engine.draft import DraftContext
+from dflash_core.engine.prefix_cache import PrefixCache, prefill
 from dflash_core.engine.sampling import Sampling
+from dflash_core.engine.target import PREFILL_CHUNK
 from dflash_core.models.loading import load_pair
 
 SAMPLING = Sampling(temperature=0.9, top_p=0.95, seed=7)
@@ -133,3 +136,23 @@ def test_doctor_shows_the_servers_prefix_cache(capsys):
     assert f"prefix_cache: serve keeps up to {DEFAULT_PREFIX_CACHE_MB} MB" in capsys.readouterr().out
     assert main(["doctor", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["prefix_cache_mb"] == DEFAULT_PREFIX_CACHE_MB
+
+
+def test_prefill_computes_the_prompts_draft_context_chunk_by_chunk(pairs, monkeypatch):
+    """The draft's context for the prompt is computed in prefill, after each chunk the target is
+    fed, not left to the first cycle's evaluation, which timed it as decoding (and kept every
+    chunk's taps until then)."""
+    pair = pairs["qwen3"]
+    n = 2 * PREFILL_CHUNK + 76
+    assert n < pair.context_length
+    ids = [3 + i % 97 for i in range(n)]
+    ctx, lengths, evaluate = DraftContext(pair.draft), [], mx.eval
+
+    def recording(*arrays):
+        if arrays and arrays[0] is ctx.kv:
+            lengths.append(ctx.length)
+        return evaluate(*arrays)
+
+    monkeypatch.setattr(mx, "eval", recording)
+    prefill(pair.target, ctx, ids, None)
+    assert lengths == [PREFILL_CHUNK, 2 * PREFILL_CHUNK, n - 1, n]

@@ -174,16 +174,16 @@ def prefill(target: Target, ctx: DraftContext, ids: list, cache: PrefixCache | N
     and how many of its tokens a snapshot gave. With a cache, the longest cached prefix is
     restored and only the rest fed; the prompt is snapshot afterwards."""
     if cache is None:
-        return target.prefill(ids, on_taps=ctx.extend), 0
+        return target.prefill(ids, on_taps=ctx.feed), 0
     found = cache.find(ids)
     if found is None:
         cache.misses += 1
-        logits, reused = target.prefill(ids, on_taps=ctx.extend), 0
+        logits, reused = target.prefill(ids, on_taps=ctx.feed), 0
     else:
         snap, reused = found
         cache.hits += 1
         cache.reused_tokens += reused
         cache.restore(snap, reused, target, ctx)
-        logits = snap.logits if reused == len(ids) else target.prefill(ids, on_taps=ctx.extend, start=reused)
+        logits = snap.logits if reused == len(ids) else target.prefill(ids, on_taps=ctx.feed, start=reused)
     cache.store(target, ctx, ids, logits)
     return logits, reused
