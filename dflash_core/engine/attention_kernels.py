@@ -5,8 +5,9 @@ split-K pass 1 and a combining pass 2, for CUDA (mx.fast.cuda_kernel) and Metal
 # ---------------------------------------------------------------------------------------------
 # CUDA (mx.fast.cuda_kernel). The source strings are function BODIES: MLX generates the signature
 # (`const T* q, const __grid_constant__ Shape q_shape, const __grid_constant__ Strides q_strides,
-# ..., float* po, ...`) inside namespace mlx::core::cu, with `constexpr int D = ...;`,
-# `constexpr bool CAUSAL = ...;`, `using T = float | __half | __nv_bfloat16;` from `template=`.
+# ..., float* po, ...`) inside namespace mlx::core::cu; fused_attention writes each variant's
+# constants first (`using T = float | __half | __nv_bfloat16;`, `constexpr int D = ...;`,
+# `constexpr bool CAUSAL = ...;`), as MLX would from `template=`, and drops the comments.
 # Shape is cuda::std::array<int32_t, 10>, Strides cuda::std::array<int64_t, 10> (in elements).
 # Inputs are read through their strides (ensure_row_contiguous=False), so the cache's views
 # (keys[..., :offset, :] of a longer buffer) are not copied.
@@ -251,9 +252,9 @@ CUDA_PASS2 = r"""
 # ---------------------------------------------------------------------------------------------
 # Metal (mx.fast.metal_kernel): the same two passes, pass 1 in the CUDA kernel's first form (scalar
 # shared-memory reads, probabilities by simd_shuffle; that form measured the same on CUDA). MLX adds
-# `template <typename T, int D, bool CAUSAL, int MAXR, int RPW>`, `const device T* q`,
-# `const constant int* q_shape`, `const constant int64_t* q_strides` and the attributes the body
-# names. Threadgroup memory is 32 KB at most, so MAXR is smaller there. Not run yet (no Apple GPU
+# the inputs (`const device float* q`, ...), `const constant int* q_shape`, `const constant
+# int64_t* q_strides` and the attributes the body names; fused_attention writes the constants
+# first (`using T = float | half | bfloat16_t;`, `constexpr int D = ...;`, ...). Threadgroup memory is 32 KB at most, so MAXR is smaller there. Not run yet (no Apple GPU
 # here): `enabled()` keeps it off by default on Metal.
 # ---------------------------------------------------------------------------------------------
 

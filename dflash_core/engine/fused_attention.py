@@ -126,7 +126,7 @@ def _compact(source: str) -> str:
 
 
 def _constants(backend: str, template: tuple) -> str:
-    """`template` as the body's first lines, as MLX's CUDA backend would write them."""
+    """`template` as the body's first lines, as MLX would write them from `template=`."""
     lines = []
     for name, value in template:
         if isinstance(value, mx.Dtype):
