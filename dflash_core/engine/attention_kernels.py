@@ -254,8 +254,9 @@ CUDA_PASS2 = r"""
 # shared-memory reads, probabilities by simd_shuffle; that form measured the same on CUDA). MLX adds
 # the inputs (`const device float* q`, ...), `const constant int* q_shape`, `const constant
 # int64_t* q_strides` and the attributes the body names; fused_attention writes the constants
-# first (`using T = float | half | bfloat16_t;`, `constexpr int D = ...;`, ...). Threadgroup memory is 32 KB at most, so MAXR is smaller there. Not run yet (no Apple GPU
-# here): `enabled()` keeps it off by default on Metal.
+# first (`using T = float | half | bfloat16_t;`, `constexpr int D = ...;`, ...). Threadgroup
+# memory is 32 KB at most, so MAXR is smaller there. Not run yet (no Apple GPU here): `enabled()`
+# keeps it off by default on Metal.
 # ---------------------------------------------------------------------------------------------
 
 METAL_PASS1 = r"""
