@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import backend
-from .engine.cycle import oracle_draft
+from .engine.cycle import oracle_draft, pipeline_default
 from .engine.events import lossless_verdict
 from .layout import ASSETS
 
@@ -46,13 +46,15 @@ def run_benchmark(
     template_args: dict = None,
     copy: bool = False,
     copy_sweep: bool = False,
+    pipeline_sweep: bool = False,
 ) -> dict:
     """With `sampling` (temperature > 0) the baseline is plain sampling and DFlash speculative
     sampling, each run seeded alike: the outputs share a distribution, not tokens. `template_args`:
     the chat template's extra arguments (e.g. thinking on). `policy` None: the pair's default (Pair.policy_for);
     `policy_sweep` runs other policies side by side,
     `confidence_sweep` the fixed policy at other thresholds, `copy_sweep` DFlash with the copy
-    source (dflash_core.engine.copy_source) the other way than `copy`."""
+    source (dflash_core.engine.copy_source) the other way than `copy`, `pipeline_sweep` with
+    pipelined cycles (dflash_core.engine.pipeline) the other way than the default."""
     block_size = pair.block_size if block_size is None else block_size
     policy = pair.policy_for(policy, min_confidence, sampling)
     if min_confidence is None:
@@ -62,12 +64,14 @@ def run_benchmark(
         pair.check_request(ids, max_tokens, block_size)
     for b in sweep:
         pair.check_request(encoded[0], max_tokens, b)
-    main = Variant(block_size, policy, min_confidence, copy)
+    piped = pipeline_default()
+    main = Variant(block_size, policy, min_confidence, copy, piped)
     sweeps = {
-        "sweep": [Variant(b, policy, min_confidence, copy) for b in sweep],
-        "policy_sweep": [Variant(block_size, p, min_confidence, copy) for p in policy_sweep],
-        "confidence_sweep": [Variant(block_size, "fixed", c, copy) for c in confidence_sweep],
-        "copy_sweep": [Variant(block_size, policy, min_confidence, not copy)] if copy_sweep else [],
+        "sweep": [Variant(b, policy, min_confidence, copy, piped) for b in sweep],
+        "policy_sweep": [Variant(block_size, p, min_confidence, copy, piped) for p in policy_sweep],
+        "confidence_sweep": [Variant(block_size, "fixed", c, copy, piped) for c in confidence_sweep],
+        "copy_sweep": [Variant(block_size, policy, min_confidence, not copy, piped)] if copy_sweep else [],
+        "pipeline_sweep": [Variant(block_size, policy, min_confidence, copy, not piped)] if pipeline_sweep else [],
     }
     sweeps = {name: list(dict.fromkeys([main, *group])) if group else [] for name, group in sweeps.items()}
     sweeps["sweep"].sort(key=lambda v: v.block_size)
@@ -76,7 +80,14 @@ def run_benchmark(
     def dflash(ids, v, **kw):
         return _last(
             pair.dflash(
-                ids, max_tokens, v.block_size, min_confidence=v.min_confidence, policy=v.policy, copy=v.copy, **kw
+                ids,
+                max_tokens,
+                v.block_size,
+                min_confidence=v.min_confidence,
+                policy=v.policy,
+                copy=v.copy,
+                pipelined=v.pipeline,
+                **kw,
             )
         )
 
@@ -109,6 +120,7 @@ def run_benchmark(
                 }
                 if engine == "dflash":
                     run["min_confidence"] = v.min_confidence if v.policy == "fixed" else None
+                    run["pipeline"] = v.pipeline  # asked for (`pipelined`: what the run could do)
                 if verdict == "diverged":  # where, and whether the target was torn between two tokens there
                     run["divergence"] = asdict(pair.divergence(ids, s.tokens, base.tokens))
                 runs.append(run)
@@ -139,6 +151,7 @@ def run_benchmark(
             "confidence_sweep": list(confidence_sweep),
             "copy": copy,
             "copy_sweep": copy_sweep,
+            "pipeline_sweep": pipeline_sweep,
             "temperature": sampling.temperature if sampling else 0.0,
             "top_p": sampling.top_p if sampling else 1.0,
             "seed": sampling.seed if sampling else None,
@@ -165,6 +178,7 @@ class Variant:
     policy: str
     min_confidence: float
     copy: bool = False
+    pipeline: bool = False  # cycles pipelined where the run allows (dflash_core.engine.pipeline)
 
     def __post_init__(self):
         if self.policy == "adaptive":  # the threshold is the fixed policy's alone
@@ -173,15 +187,11 @@ class Variant:
     @property
     def label(self) -> str:
         knob = "" if self.policy == "adaptive" else f" {self.min_confidence:g}"
-        return f"{self.policy}{knob} B={self.block_size}{' copy' if self.copy else ''}"
+        return f"{self.policy}{knob} B={self.block_size}{' copy' if self.copy else ''}{' pipelined' if self.pipeline else ''}"
 
     def matches(self, run: dict) -> bool:
-        return (run["block_size"], run["policy"], run["min_confidence"], run.get("copy", False)) == (
-            self.block_size,
-            self.policy,
-            self.min_confidence,
-            self.copy,
-        )
+        fields = (run["block_size"], run["policy"], run["min_confidence"], run.get("copy", False), run.get("pipeline"))
+        return fields == (self.block_size, self.policy, self.min_confidence, self.copy, self.pipeline)
 
 
 def summarize(runs: list, main: Variant, sweeps: dict = None) -> dict:
@@ -249,6 +259,7 @@ def summarize(runs: list, main: Variant, sweeps: dict = None) -> dict:
                 "policy_sweep": "policy",
                 "confidence_sweep": "min_confidence",
                 "copy_sweep": "copy",
+                "pipeline_sweep": "pipeline",
             }[name]
             out[name] = [
                 {key: getattr(v, key)} | medians([r for r in runs if r["engine"] == "dflash" and v.matches(r)])

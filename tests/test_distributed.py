@@ -497,7 +497,7 @@ def test_serve_in_a_group(random_dirs):
     finally:
         out, err, timed_out = finish_group(proc, timeout=30)
     assert not timed_out and proc.returncode == 0, err[-3000:]
-    assert "exited with code" not in err and "Finished server process" in err
+    assert "exited with code" not in err and "Finished server process" in err, err[-3000:]
 
 
 if __name__ == "__main__":

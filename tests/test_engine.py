@@ -531,8 +531,9 @@ def test_draft_vocabulary_proposes_only_its_tokens_and_stays_lossless(random_pai
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_gpu_cycle_is_lossless_anywhere(random_pairs, family, monkeypatch):
-    """A GPU's cycle: the verify's size decided without reading the draft's confidences, so the
-    cycle syncs with the host once. Run here on whatever device there is."""
+    """A GPU's synchronous cycle (tests/test_pipeline.py has the pipelined one): the verify's size
+    decided without reading the draft's confidences, so the cycle syncs with the host once. Run
+    here on whatever device there is."""
     from dflash_core import backend
 
     pair = random_pairs[family]
@@ -540,6 +541,6 @@ def test_the_gpu_cycle_is_lossless_anywhere(random_pairs, family, monkeypatch):
     for prompt in PROMPTS[:2]:
         ids = pair.encode(prompt, chat_template=False)
         _, base = run(pair.baseline(ids, 40))
-        cycles, ours = run(pair.dflash(ids, 40, 6, min_confidence=0.0, policy="fixed"))
+        cycles, ours = run(pair.dflash(ids, 40, 6, min_confidence=0.0, policy="fixed", pipelined=False))
         assert ours.tokens == base.tokens, prompt
         assert full_verifies(cycles, 6, 40)

@@ -268,6 +268,21 @@ def test_kernel_reads_strided_cache_views():
 
 
 @needs_gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_kernel_counts_only_the_valid_keys(causal):
+    """`valid`, an array on the device (a DeviceKVCache's length): the kernels read only the first
+    `valid` keys of the buffer they are given (past them: rejected rows, or zeros)."""
+    if fa.gpu_backend() != "cuda":
+        pytest.skip("the device-side key count is CUDA's (Metal falls back to a mask)")
+    for rows, n, valid in [(4, 64, 40), (8, 300, 211), (16, 600, 16), (5, 33, 33)]:
+        q, k, v = _inputs(9, 3, rows, n, 64, seed=n + valid)
+        k = mx.concatenate([k[:, :, :valid], 50 * k[:, :, valid:]], axis=2)  # keys past valid: loud
+        got = fa.few_rows_attention(q, k, v, 0.125, causal, mx.array([valid], dtype=mx.int32))
+        want = fa.reference_attention(q, k[:, :, :valid], v[:, :, :valid], 0.125, causal)
+        assert _max_err(got, want) < 3e-5, (rows, n, valid)
+
+
+@needs_gpu
 def test_attention_dispatch_on_the_gpu(monkeypatch):
     """Fused for 4..16 rows with mask None / "causal" when enabled; MLX's own for 1-3 rows, array
     masks, or DFLASH_FUSED_ATTENTION=0; the result matches either way."""

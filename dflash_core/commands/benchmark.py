@@ -42,6 +42,12 @@ def add_parser(sub):
         action="store_true",
         help="also run DFlash with the copy source the other way (--copy or not) side by side",
     )
+    p.add_argument(
+        "--pipeline-sweep",
+        action="store_true",
+        help="also run DFlash with pipelined cycles (each launched before the last is read back) the "
+        "other way than the default (off; DFLASH_PIPELINE=1 turns them on) side by side",
+    )
     add_sampling_args(p)
     p.add_argument(
         "--oracle",
@@ -127,6 +133,7 @@ def run(args) -> int:
         template_args=args.chat_template_args,
         copy=args.copy,
         copy_sweep=args.copy_sweep,
+        pipeline_sweep=args.pipeline_sweep,
     )
     res["config"]["group"] = distributed.describe()  # the processes the target was split across
     if args.save and distributed.primary():

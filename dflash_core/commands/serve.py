@@ -2,6 +2,7 @@
 core server (dflash_core.serving.routes) builds the API alone; this command mounts the playground beside
 it, so that the server stays usable without the UI."""
 
+import os
 import secrets
 import socket
 import sys
@@ -136,7 +137,11 @@ def run(args) -> int:
     pair = worker.call(load, args)  # the models belong to the worker thread
     if not distributed.primary():
         worker.call(distributed.follow, pair)  # run what rank 0 runs, until it stops serving
-        return 0
+        # Nothing is left to do, and MLX's teardown of the group can race rank 0's own exit (once
+        # in CI this rank aborted at exit, after rank 0 had stopped serving): leave without it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     grouped = distributed.size() > 1
     if grouped:
         pair = distributed.Leader(pair)

@@ -1,5 +1,6 @@
 """The speculative cycle and the plain greedy baseline, both yielding plain events."""
 
+import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -10,6 +11,7 @@ from .. import backend
 from .copy_source import MAX_COPY, CopySource
 from .draft import DraftContext, DraftModel
 from .events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent
+from .pipeline import pipelined_cycles
 from .policy import AcceptancePredictor, CostModel, Policy, probe_costs
 from .prefix_cache import PrefixCache, prefill
 from .sampling import Sampling, point_mass, sample, speculative_accept
@@ -26,6 +28,14 @@ def accepted_length(drafted: list, posterior: list) -> int:
 
 
 PROBE_CONTEXT = 64  # prompt tokens the cost probe runs on
+PIPELINE_ENV = "DFLASH_PIPELINE"
+
+
+def pipeline_default() -> bool:
+    """Whether runs pipeline their cycles where they can: DFLASH_PIPELINE=1. Off by default until it
+    is measured faster: on an H100 it was lossless, and its speed against the synchronous cycle
+    was within that host's noise (docs/benchmarks.md; benchmark --pipeline-sweep measures it)."""
+    return os.environ.get(PIPELINE_ENV, "0") == "1"
 
 
 def _finish(tokens: list, new: list, max_tokens: int, eos: set):
@@ -58,6 +68,7 @@ def dflash_generate(
     plain_threads: int | None = None,
     prefix_cache: PrefixCache | None = None,
     copy: bool = False,
+    pipelined: bool | None = None,
 ) -> Iterator:
     """Yields one CycleEvent per cycle, then a RunSummary. `policy` "adaptive" lets the cost
     model decide each cycle between a plain target step and drafting, and how many proposals to
@@ -75,7 +86,9 @@ def dflash_generate(
     prompt and its end are snapshot there (dflash_core.engine.prefix_cache). `copy`: tokens copied from
     the context (dflash_core.engine.copy_source) go to the target instead of the draft's block where
     the policy expects more of them, or alone (no draft forward) where they promise more than
-    drafting would."""
+    drafting would. `pipelined`: cycles launched before the last one is read back
+    (dflash_core.engine.pipeline), where the run allows it (greedy, no copies, plain attention
+    caches, no fixed confidence threshold); None: pipeline_default()."""
     B, mask_id = block_size, draft.config.mask_token_id
     head = target.draft_head(draft_vocab)
     profiles = {} if cost_profiles is None else cost_profiles
@@ -122,6 +135,24 @@ def dflash_generate(
             copies.extend(event.committed)
         tally.add(event)
         return event
+
+    # a fixed --min-confidence reads the draft's confidences before it verifies: no pipeline
+    pipelinable = target.pipelinable() and not (sampling or copy or draft_fn or draft.slides or rule.min_confidence)
+    pipelined = pipelinable and (pipeline_default() if pipelined is None else pipelined)
+    if pipelined:
+        yield from pipelined_cycles(
+            target,
+            draft,
+            head,
+            ctx,
+            rule,
+            staged,
+            record,
+            lambda: stop is not None,
+            lambda: max_tokens - len(tokens),
+            len(prompt_ids),
+            t0,
+        )
 
     while stop is None:
         t = time.perf_counter()
@@ -256,6 +287,7 @@ def dflash_generate(
         copied_committed=tally.copied_committed,
         copied_verified=tally.copied_verified,
         copied_accepted=tally.copied_accepted,
+        pipelined=pipelined,
     )
 
 

@@ -14,6 +14,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from . import fused_attention
+from .device_cache import DeviceLength, on_device
 
 
 @dataclass
@@ -186,8 +187,13 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1)).transpose(0, 2, 1, 3)
         return (self.rope(q, offset=offset), *self.keys_values(x, offset))
 
-    def attend(self, q, k, v, ctx_k, ctx_v, mask=None) -> mx.array:
-        """Per-head attention of the block over [context ; block]."""
+    def attend(self, q, k, v, ctx_k, ctx_v, mask=None, visible=None) -> mx.array:
+        """Per-head attention of the block over [context ; block]. With `visible` (the context
+        holds rows past its length: DraftContext.visible) the block's keys go first, so that the
+        keys that count are the first `visible`: the attention is bidirectional, order is free."""
+        if visible is not None:
+            k, v = mx.concatenate([k, ctx_k], axis=2), mx.concatenate([v, ctx_v], axis=2)
+            return fused_attention.attention(q, k, v, self.scale, valid=visible)
         if ctx_k is not None:
             k = mx.concatenate([ctx_k, k], axis=2)
             v = mx.concatenate([ctx_v, v], axis=2)
@@ -197,8 +203,8 @@ class Attention(nn.Module):
         B, _, L, _ = out.shape
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
-    def __call__(self, x, ctx_k, ctx_v, offset: int, mask=None):
-        return self.output(self.attend(*self.project(x, offset), ctx_k, ctx_v, mask))
+    def __call__(self, x, ctx_k, ctx_v, offset: int, mask=None, visible=None):
+        return self.output(self.attend(*self.project(x, offset), ctx_k, ctx_v, mask, visible))
 
 
 class MLP(nn.Module):
@@ -229,8 +235,8 @@ class DraftLayer(nn.Module):
         h = h + self.self_attn.output(out)
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def __call__(self, h, ctx_k, ctx_v, offset, mask=None):
-        return self.finish(h, self.self_attn.attend(*self.project(h, offset), ctx_k, ctx_v, mask))
+    def __call__(self, h, ctx_k, ctx_v, offset, mask=None, visible=None):
+        return self.finish(h, self.self_attn.attend(*self.project(h, offset), ctx_k, ctx_v, mask, visible))
 
 
 class DraftModel(nn.Module):
@@ -248,28 +254,36 @@ class DraftModel(nn.Module):
         """Target hidden states of the tapped layers -> the draft's context features."""
         return self.hidden_norm(self.fc(mx.concatenate(taps, axis=-1)))
 
-    def __call__(self, block_embeds: mx.array, ctx_kv: list, offset: int) -> mx.array:
-        """Hidden states of the block; ctx_kv holds each layer's cached context (keys, values)."""
+    def __call__(self, block_embeds: mx.array, ctx_kv: list, offset, visible=None) -> mx.array:
+        """Hidden states of the block; ctx_kv holds each layer's cached context (keys, values).
+        visible: where the context holds rows past its length (DraftContext.visible; full-attention
+        layers only), the keys that count."""
         h = block_embeds
         for layer, (k, v) in zip(self.layers, ctx_kv):
-            h = layer(h, k, v, offset, _window_mask(layer, offset, h.shape[1], k))
+            mask = None if visible is not None else _window_mask(layer, offset, h.shape[1], k)
+            h = layer(h, k, v, offset, mask, visible)
         return self.norm(h)
 
-    def propose(self, block_embeds: mx.array, ctx_kv: list, offset: int) -> mx.array:
+    @property
+    def slides(self) -> bool:
+        return any(layer.self_attn.sliding_window is not None for layer in self.layers)
+
+    def propose(self, block_embeds: mx.array, ctx_kv: list, offset, visible=None) -> mx.array:
         """The same as calling the model, as the engine runs it. With DFLASH_COMPILE_DRAFT=1 each
         layer's work before and after its attention is one compiled graph (a fixed shape for
         a block size; the offset an array, so a longer context is no new shape), for a GPU, where a
         small draft's forward is bound by the host's graph building and launches. Its weights are fixed
         once first used so (an inference path: the trainer calls the model)."""
         if not _compile_draft():
-            return self(block_embeds, ctx_kv, offset)
+            return self(block_embeds, ctx_kv, offset, visible)
         compiled = self.__dict__.get("_compiled")  # kept off the module's tree of parameters
         if compiled is None:
             compiled = [(mx.compile(layer.project), mx.compile(layer.finish)) for layer in self.layers]
             object.__setattr__(self, "_compiled", compiled)
         h, at = block_embeds, mx.array(offset)
         for layer, (k, v), (project, finish) in zip(self.layers, ctx_kv, compiled):
-            out = layer.self_attn.attend(*project(h, at), k, v, _window_mask(layer, offset, h.shape[1], k))
+            mask = None if visible is not None else _window_mask(layer, offset, h.shape[1], k)
+            out = layer.self_attn.attend(*project(h, at), k, v, mask, visible)
             h = finish(h, out)
         return self.norm(h)
 
@@ -325,14 +339,38 @@ class DraftContext:
         self.caches = [KVCache() for _ in draft.layers]  # grows in preallocated steps
         self.kv = [(None, None) for _ in draft.layers]
         self.length = 0
+        self.device_length = None  # see on_device
 
-    def extend(self, taps: list):
+    def extend(self, taps: list, kept: mx.array = None):
+        """Grow by the taps' positions; on the device (see on_device), by the first `kept` of them."""
         feats = self.draft.context_features(taps)
         self.kv = [
             cache.update_and_fetch(*layer.self_attn.keys_values(feats, self.length))
             for layer, cache in zip(self.draft.layers, self.caches)
         ]
-        self.length += feats.shape[1]
+        if kept is None:
+            self.length += feats.shape[1]
+        else:
+            self.device_length.advance(kept, feats.shape[1])
+            self.length = self.device_length.offset
+
+    def on_device(self) -> DeviceLength:
+        """Keep the length on the device (dflash_core.engine.device_cache): `length` becomes an
+        array, extend takes how many of its positions to keep, and the draft attends through
+        `visible`."""
+        self.caches, self.device_length = on_device(self.caches)
+        self.length = self.device_length.offset
+        return self.device_length
+
+    def off_device(self, length: int):
+        self.caches = [c.to_kv_cache(length) for c in self.caches]
+        self.kv = [c.keys_and_values() for c in self.caches]
+        self.length, self.device_length = length, None
+
+    def visible(self, block_len: int) -> mx.array | None:
+        """On the device: how many keys of [block ; context] the block sees (the context's rows
+        past its length do not count; see Attention.attend); None otherwise."""
+        return None if self.device_length is None else self.device_length.visible(block_len)
 
     def feed(self, taps: list):
         """extend, computed now: the prompt's part of the context is prefill's work. Left lazy, it

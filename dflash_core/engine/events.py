@@ -221,6 +221,7 @@ class RunSummary:
     copied_committed: int = 0
     copied_verified: int = 0
     copied_accepted: int = 0
+    pipelined: bool = False  # each cycle launched before the last one was read (dflash_core.engine.pipeline)
 
     @property
     def generated(self) -> int:
@@ -294,6 +295,7 @@ class RunSummary:
                 engine_efficiency=round(self.cycle_s / self.decode_s, 4) if self.decode_s > 0 else None,
                 acceptance_by_confidence=self.acceptance_by_confidence,
                 copy=self.copy,
+                pipelined=self.pipelined,
             )
             if self.copy:  # tokens per cycle by the proposals' source
                 tally = self.tally

@@ -38,6 +38,7 @@ import threading
 import mlx.core as mx
 
 from .attention_kernels import CUDA_HEADER, CUDA_PASS1, CUDA_PASS2, METAL_PASS1, METAL_PASS2
+from .device_cache import DeviceKVCache
 
 TILE = 32  # keys per tile: one per lane when scoring (kernels' TK)
 ROWS_PER_WARP = 4  # query rows a warp (Metal: SIMD group) owns (kernels' RPW)
@@ -152,11 +153,16 @@ def _kernel(backend: str, which: str, template: tuple):
             make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
             extra = {"header": _compact(CUDA_HEADER)} if backend == "cuda" else {}
             variant = "_".join(str(v).rsplit(".", 1)[-1].lower() for _, v in template)
+            length = dict(template).get("LENGTH", False)
+            inputs = ["po", "pm", "pl"] if which == "pass2" else ["q", "k", "v", "scale"] + ["valid"] * length
+            keys = "dfa_min(k_shape[2], valid[0])" if length else "k_shape[2]"  # CUDA's pass 1 reads DFA_KEYS
             _kernels[key] = make(
                 name=f"dflash_rows_{which}_{variant}",
-                input_names=["po", "pm", "pl"] if which == "pass2" else ["q", "k", "v", "scale"],
+                input_names=inputs,
                 output_names=_OUTPUTS[which],
-                source=_constants(backend, template) + _compact(_SOURCES[(backend, which)]),
+                source=_constants(backend, template)
+                + f"#define DFA_KEYS {keys}\n"
+                + _compact(_SOURCES[(backend, which)]),
                 ensure_row_contiguous=False,
                 **extra,
             )
@@ -197,11 +203,11 @@ def launch_plan(heads: int, kv_heads: int, rows: int, keys: int, head_dim: int, 
     }
 
 
-def _launches(backend: str, shape: tuple, dtype, causal: bool) -> list:
+def _launches(backend: str, shape: tuple, dtype, causal: bool, length: bool = False) -> list:
     """The kernel calls for one (q shape, KV heads, keys, dtype, mask) as (which, template, grid,
     threadgroup, output shapes, output dtypes), worked out once per shape: the verify asks for
     the same few shapes every cycle, and on a GPU bound by the host this arithmetic counts."""
-    key = (backend, shape, dtype, causal)
+    key = (backend, shape, dtype, causal, length)
     plan = _plans.get(key)
     if plan is not None:
         return plan
@@ -209,6 +215,7 @@ def _launches(backend: str, shape: tuple, dtype, causal: bool) -> list:
     p = launch_plan(H, KVH, L, N, D, backend)
     rows, threads = H * L, 32 * p["warps"]
     template = (("T", dtype), ("D", D), ("CAUSAL", bool(causal)), ("MAXR", p["max_rows"]), ("RPW", ROWS_PER_WARP))
+    template += (("LENGTH", True),) if length else ()
     nc, f32 = p["chunks"], mx.float32
     total = rows * D
     pass1_shapes = [(rows, nc, D), (rows, nc), (rows, nc)]
@@ -223,13 +230,17 @@ def _launches(backend: str, shape: tuple, dtype, causal: bool) -> list:
     return plan
 
 
-def few_rows_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
+def few_rows_attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, valid: mx.array = None
+) -> mx.array:
     """softmax(scale * q k^T [+ causal mask]) v on the GPU, in two fused launches.
 
     q (1, H, L, D), k and v (1, KVH, N, D), H % KVH == 0 (query head h reads KV head
     h // (H // KVH)), 1 <= L <= 16, L <= N, D in (64, 128, 256), one dtype of float32, bfloat16,
-    float16. causal: row i sees keys j <= N - L + i. Returns (1, H, L, D) in q's dtype; the
-    softmax and sums are float32. Raises where MLX has no GPU kernel backend (the CPU)."""
+    float16. causal: row i sees keys j <= N - L + i. valid (CUDA): an int32 array of one
+    element, the keys that count (the first valid of the N; N stands for it above), known only on
+    the device (a DeviceKVCache's). Returns (1, H, L, D) in q's dtype; the softmax and sums are
+    float32. Raises where MLX has no GPU kernel backend (the CPU)."""
     backend = gpu_backend()
     if backend is None:
         raise RuntimeError("few_rows_attention needs an MLX GPU (CUDA or Metal)")
@@ -241,16 +252,19 @@ def few_rows_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, caus
         raise ValueError(f"few_rows_attention: unsupported q {q.shape}, k {k.shape}")
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"few_rows_attention: dtypes {q.dtype}, {k.dtype}, {v.dtype}")
-    return _fused(backend, q, k, v, scale, causal)
+    if valid is not None and backend != "cuda":
+        raise ValueError("few_rows_attention: a device-side key count needs CUDA")
+    return _fused(backend, q, k, v, scale, causal, valid)
 
 
-def _fused(backend: str, q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
+def _fused(backend: str, q, k, v, scale: float, causal: bool, valid: mx.array = None) -> mx.array:
     """few_rows_attention's launches, its inputs already checked (by it, or by `attention`)."""
     _, H, L, D = q.shape
     _, KVH, N, _ = k.shape
     verbose = _settings()[2]
-    inputs = [q, k, v, _scale_array(scale)]
-    for which, template, grid, threadgroup, shapes, dtypes in _launches(backend, (H, L, D, KVH, N), q.dtype, causal):
+    inputs = [q, k, v, _scale_array(scale)] + ([] if valid is None else [valid])  # valid: (1,) int32
+    plan = _launches(backend, (H, L, D, KVH, N), q.dtype, causal, valid is not None)
+    for which, template, grid, threadgroup, shapes, dtypes in plan:
         extra = {"verbose": True} if verbose and _first_print((backend, which, template)) else {}
         inputs = _kernel(backend, which, template)(
             inputs=inputs,
@@ -322,11 +336,12 @@ def _fail(reason: str) -> None:
             print(f"dflash: fused attention disabled, using MLX's attention instead: {reason}", file=sys.stderr)
 
 
-def _self_check(backend: str, dtype, head_dim: int, causal: bool) -> bool:
-    """Once per (backend, dtype, head dim, causal): the kernel on small random inputs against the
-    float32 reference (GQA 2, 3 rows, 45 keys: two chunks, the second partial). A build error or a
-    mismatch turns the fused path off for the process, with one warning line."""
-    key = (backend, dtype, head_dim, bool(causal))
+def _self_check(backend: str, dtype, head_dim: int, causal: bool, length: bool = False) -> bool:
+    """Once per (backend, dtype, head dim, causal, length): the kernel on small random inputs
+    against the float32 reference (GQA 2, 3 rows, 45 keys: two chunks, the second partial; with
+    `length`, the first 40 of them valid). A build error or a mismatch turns the fused path off for
+    the process, with one warning line."""
+    key = (backend, dtype, head_dim, bool(causal), length)
     ok = _checked.get(key)
     if ok is not None:  # every call after the first: no lock
         return ok
@@ -339,11 +354,15 @@ def _self_check(backend: str, dtype, head_dim: int, causal: bool) -> bool:
             k = mx.random.normal((1, 2, 45, head_dim), key=rk[1]).astype(dtype)
             v = mx.random.normal((1, 2, 45, head_dim), key=rk[2]).astype(dtype)
             scale = head_dim**-0.5
-            got = few_rows_attention(q, k, v, scale, causal).astype(mx.float32)
+            valid = mx.array([40], dtype=mx.int32) if length else None
+            got = few_rows_attention(q, k, v, scale, causal, valid).astype(mx.float32)
+            n = 40 if length else 45
             # the reference on the CPU: MLX's CUDA float32 matmuls run in TF32 unless
             # MLX_ENABLE_TF32=0 (errors ~1e-4, more than the kernel's own)
             with mx.stream(mx.cpu):
-                want = reference_attention(*(x.astype(mx.float32) for x in (q, k, v)), scale, causal)
+                want = reference_attention(
+                    *(x.astype(mx.float32) for x in (q, k[:, :, :n], v[:, :, :n])), scale, causal
+                )
             err = mx.max(mx.abs(got - want)).item()
             tol = 1e-4 if dtype == mx.float32 else 3e-2
             ok = math.isfinite(err) and err <= tol
@@ -360,16 +379,20 @@ def _self_check(backend: str, dtype, head_dim: int, causal: bool) -> bool:
         return ok
 
 
-def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None) -> mx.array:
+def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None, valid=None) -> mx.array:
     """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask), through the fused
     kernels when they are enabled on this GPU and the call is one they cover and win on (1 x H x
     4..16 rows, mask None or "causal", head dim 64/128/256, float32/bfloat16/float16, cache length
-    x rows within max_keys_x_rows); MLX's own otherwise."""
+    x rows within max_keys_x_rows); MLX's own otherwise. `valid`: only the first valid keys count
+    (a (1,) int32 array: a DeviceLength.visible; few_rows_attention's contract)."""
     backend, on, _ = _settings()
-    if on and _failed is None and _fusable(q, k, v, mask):
+    if on and _failed is None and _fusable(q, k, v, mask) and (valid is None or backend == "cuda"):
         causal = mask is not None
-        if _self_check(backend, q.dtype, q.shape[3], causal):
-            return _fused(backend, q, k, v, scale, causal)
+        if _self_check(backend, q.dtype, q.shape[3], causal, valid is not None):
+            return _fused(backend, q, k, v, scale, causal, valid)
+    if valid is not None:  # the same keys as a mask
+        n, rows = k.shape[2], q.shape[2]
+        mask = mx.arange(n)[None] <= (valid - rows + mx.arange(rows)[:, None]) if mask else mx.arange(n)[None] < valid
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
@@ -386,6 +409,8 @@ def _wrap(original):
         # a quantized cache (keys are (packed, scales, biases)), attention sinks, array masks or
         # arguments of a newer mlx-lm: the original
         if sinks is None and not kwargs and not hasattr(cache, "bits"):
+            if isinstance(cache, DeviceKVCache):  # its mask is the causal one over its first keys
+                return attention(queries, keys, values, scale, "causal", cache.length.visible(queries.shape[2]))
             if mask is None or (isinstance(mask, str) and mask == "causal"):
                 return attention(queries, keys, values, scale, mask)
         if sinks is not None:

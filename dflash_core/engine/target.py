@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.models.base import gather_last_axis
-from mlx_lm.models.cache import ArraysCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from ..errors import DFlashError
 from . import fused_attention
+from .device_cache import DeviceLength, on_device
 
 PREFILL_CHUNK = 512
 # The mlx-lm model modules (after mlx-lm's renames: a "mistral" config runs llama's) whose caches
@@ -303,6 +304,19 @@ class Target:
             if i not in self._gdn_ids:
                 rollback_kv(c, fed - kept)
         self._tapes = None
+
+    def pipelinable(self) -> bool:
+        """Whether every cache is mlx-lm's plain KVCache, which a DeviceKVCache can stand in for."""
+        return all(type(c) is KVCache for c in self.cache)
+
+    def on_device(self) -> DeviceLength:
+        """Caches whose length lives on the device (pipelinable targets; see device_cache)."""
+        self.cache, length = on_device(self.cache)
+        return length
+
+    def off_device(self, length: int):
+        """mlx-lm's caches again, holding `length` entries."""
+        self.cache = [c.to_kv_cache(length) for c in self.cache]
 
     def gdn_state(self):
         """What rollback recomputes (attention rollback is only an offset change)."""

@@ -119,6 +119,7 @@ class Pair:
         sampling=None,
         policy=None,
         copy=False,
+        pipelined=None,
     ):
         """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread.
         policy None: policy.default_policy; the fixed policy's min_confidence None: the backend's
@@ -148,6 +149,7 @@ class Pair:
                 plain_threads=self.blas_threads.get("baseline"),
                 prefix_cache=self.prefix_cache,
                 copy=copy,
+                pipelined=pipelined,
             ),
         )
 

@@ -1,0 +1,88 @@
+"""Attention caches whose length lives on the device, for cycles that never wait for their own
+outcome (dflash_core.engine.pipeline).
+
+After a verify the host does not know how many of its rows the target kept until it reads the
+result back, which on a GPU drains the pipeline. These caches write every row a forward feeds at
+their length on the device, then advance that length by the kept count, itself an array computed
+on the device; the host keeps only an upper bound (`bound`) to size what it slices. Rows past the
+length hold rejected tokens until the next forward writes over them, and the masks hide them.
+"""
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+
+class DeviceLength:
+    """The length that a model's caches share (all its layers hold the same positions)."""
+
+    def __init__(self, length: int):
+        self.offset = mx.array(length, dtype=mx.int32)
+        self.bound = length  # the host's upper bound of offset
+        self._visible = {}
+
+    def visible(self, fed: int) -> mx.array:
+        """(1,) int32: the keys that count once a forward of `fed` rows is written (the fused
+        attention's `valid`), made once per forward for all the layers."""
+        v = self._visible.get(fed)
+        if v is None:
+            v = self._visible[fed] = (self.offset + fed).reshape(1)
+        return v
+
+    def advance(self, kept: mx.array, fed: int):
+        """After a forward of `fed` rows, of which the first `kept` (an array) are committed."""
+        self.offset = self.offset + kept
+        self.bound += fed
+        self._visible = {}
+
+    def settle(self, rejected: int):
+        """The host has read that a forward's last `rejected` rows were not kept."""
+        self.bound -= rejected
+
+
+class DeviceKVCache:
+    """mlx-lm's KVCache contract (update_and_fetch, offset, make_mask) over a DeviceLength."""
+
+    step = 256  # grows like mlx-lm's KVCache
+
+    def __init__(self, cache: KVCache, length: DeviceLength):
+        self.keys, self.values = cache.keys, cache.values  # (1, kv heads, capacity, head dim)
+        self.length = length
+
+    @property
+    def offset(self) -> mx.array:  # mlx-lm's attention reads it for RoPE
+        return self.length.offset
+
+    def to_kv_cache(self, length: int) -> KVCache:
+        """mlx-lm's cache again, holding `length` entries (the host has read it by now)."""
+        cache = KVCache()
+        cache.state = (self.keys, self.values, length)
+        return cache
+
+    def keys_and_values(self):
+        end = self.length.bound
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        n, have = keys.shape[2], self.keys.shape[2]
+        end = self.length.bound + n
+        if end > have:
+            grow = (end - have + self.step - 1) // self.step * self.step
+            self.keys, self.values = (
+                mx.concatenate([x, mx.zeros((*x.shape[:2], grow, x.shape[3]), x.dtype)], axis=2)
+                for x in (self.keys, self.values)
+            )
+        at = self.length.offset.reshape(1)
+        self.keys = mx.slice_update(self.keys, keys, at, axes=(2,))
+        self.values = mx.slice_update(self.values, values, at, axes=(2,))
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size=None) -> mx.array:
+        """Query i, at position offset + i, sees the keys up to its own position (of the bound + n
+        that update_and_fetch returns)."""
+        return mx.arange(self.length.bound + n)[None] <= (self.offset + mx.arange(n))[:, None]
+
+
+def on_device(caches: list) -> tuple:
+    """(DeviceKVCaches standing in for mlx-lm KVCaches of one model, their shared DeviceLength)."""
+    length = DeviceLength(caches[0].offset)
+    return [DeviceKVCache(c, length) for c in caches], length

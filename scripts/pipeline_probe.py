@@ -1,0 +1,49 @@
+"""Pipelined against synchronous cycles (dflash_core.engine.pipeline), per request, both policies,
+in one process: a few requests of the held-out chat set, each run as plain decoding and as DFlash
+four ways. Prints one JSON line per request; --save writes them all.
+
+    DFLASH_DTYPE=float32 python scripts/pipeline_probe.py --every 8 --save pipeline-probe.json
+
+For medians over repeats, side by side: `python -m dflash_core benchmark --pipeline-sweep`."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dflash_core.models.loading import load_pair  # noqa: E402
+from dflash_core.models.registry import DEFAULT_PAIR  # noqa: E402
+from dflash_core.training.chat_prompts import HELDOUT  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--every", type=int, default=8, help="take every n-th held-out request")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--save")
+    args = ap.parse_args()
+    pair = load_pair(DEFAULT_PAIR)
+    rows = []
+    for i, prompt in enumerate(json.loads(HELDOUT.read_text())[:: args.every]):
+        ids = pair.encode(prompt)
+        *_, base = pair.baseline(ids, args.max_tokens)
+        row = {"request": i * args.every, "baseline_tps": round(base.decode_tps, 1)}
+        for policy in ("fixed", "adaptive"):
+            for piped in (True, False):
+                threshold = 0.0 if policy == "fixed" else None
+                *_, s = pair.dflash(ids, args.max_tokens, 8, policy=policy, min_confidence=threshold, pipelined=piped)
+                row[f"{policy} {'pipelined' if piped else 'synchronous'}"] = {
+                    "speedup": round(s.decode_tps / base.decode_tps, 3),
+                    "tokens_per_cycle": round(s.tokens_per_cycle, 2),
+                    "identical": s.tokens == base.tokens,
+                }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.save:
+        Path(args.save).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
