@@ -139,20 +139,6 @@ def dflash_generate(
     # a fixed --min-confidence reads the draft's confidences before it verifies: no pipeline
     pipelinable = target.pipelinable() and not (sampling or copy or draft_fn or draft.slides or rule.min_confidence)
     pipelined = pipelinable and (pipeline_default() if pipelined is None else pipelined)
-    if pipelined:
-        yield from pipelined_cycles(
-            target,
-            draft,
-            head,
-            ctx,
-            rule,
-            staged,
-            record,
-            lambda: stop is not None,
-            lambda: max_tokens - len(tokens),
-            len(prompt_ids),
-            t0,
-        )
 
     while stop is None:
         t = time.perf_counter()
@@ -179,6 +165,20 @@ def dflash_generate(
             if plain_threads and threads:
                 backend.set_blas_threads(threads)
             ctx.extend([mx.concatenate(hs, axis=1) for hs in zip(*pending)])
+            continue
+        if pipelined:  # drafted cycles, each launched before the last is read, until the policy steps plainly
+            staged = yield from pipelined_cycles(
+                target,
+                draft,
+                head,
+                ctx,
+                rule,
+                staged,
+                record,
+                stopped=lambda: stop is not None,
+                budget=lambda: max_tokens - len(tokens),
+                t0=t0,
+            )
             continue
 
         # draft: one forward over [staged, MASK x (B-1)] proposes B-1 tokens

@@ -307,7 +307,7 @@ def max_keys_x_rows(dtype, causal: bool) -> int:
     return 2**14 if causal else 0
 
 
-def _fusable(q, k, v, mask) -> bool:
+def _fusable(q, k, v, mask, fewest_rows: int = MIN_ROWS) -> bool:
     """The calls the kernels cover; anything else goes to MLX's own sdpa."""
     if mask is not None and not (isinstance(mask, str) and mask == "causal"):
         return False
@@ -316,7 +316,7 @@ def _fusable(q, k, v, mask) -> bool:
     _, H, L, D = q.shape
     KVH, N = k.shape[1], k.shape[2]
     return (
-        MIN_ROWS <= L <= MAX_ROWS
+        fewest_rows <= L <= MAX_ROWS
         and L <= N
         and N * L <= max_keys_x_rows(q.dtype, mask is not None)
         and D in HEAD_DIMS
@@ -386,7 +386,10 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None, va
     x rows within max_keys_x_rows); MLX's own otherwise. `valid`: only the first valid keys count
     (a (1,) int32 array: a DeviceLength.visible; few_rows_attention's contract)."""
     backend, on, _ = _settings()
-    if on and _failed is None and _fusable(q, k, v, mask) and (valid is None or backend == "cuda"):
+    # with a device-side key count, MLX's own kernel for 1-3 rows would need an array mask, which
+    # sends it to its unfused path: the fused one takes those rows too
+    fewest = MIN_ROWS if valid is None else 1
+    if on and _failed is None and _fusable(q, k, v, mask, fewest) and (valid is None or backend == "cuda"):
         causal = mask is not None
         if _self_check(backend, q.dtype, q.shape[3], causal, valid is not None):
             return _fused(backend, q, k, v, scale, causal, valid)

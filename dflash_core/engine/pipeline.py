@@ -7,7 +7,8 @@ plain step costs twice (docs/benchmarks.md), where a plain step overlaps its nex
 building with its own computing. Here acceptance is computed on the device, the staged token is
 taken there, and the caches keep their length there (dflash_core.engine.device_cache), so cycle
 N + 1 is built on cycle N's outputs before they exist. The policy decides each cycle from the
-cycles read so far: one behind.
+cycles read so far: one behind. Plain steps stay the synchronous loop's (cycle.dflash_generate):
+they are pipelined already, as plain decoding's are.
 
 Greedy only; targets whose caches are all mlx-lm's KVCache; drafts without sliding layers.
 """
@@ -52,66 +53,54 @@ def pipelined_cycles(
     record: Callable,
     stopped: Callable[[], bool],
     budget: Callable[[], int],
-    prompt_len: int,
     t0: float,
 ):
-    """Cycles until `stopped()`, each handed to `record(**fields)` (cycle.dflash_generate's) and
-    its event yielded. `budget()`: tokens still to commit. At the end the caches are mlx-lm's
-    again, holding the prompt and each cycle's kept tokens."""
+    """Drafted cycles from `staged`, until `stopped()` or until the policy would step plainly
+    (plain steps are the synchronous loop's: pipelined already, and without the drafted cycle's
+    device-side bookkeeping). Each cycle goes to `record(**fields)` (cycle.dflash_generate's) and
+    its event is yielded; returns the staged token. `budget()`: tokens still to commit. At the
+    end the caches are mlx-lm's again, holding every kept token."""
     B, mask_id = rule.B, draft.config.mask_token_id
+    held = target.cache[0].offset  # the target cache's (and the draft context's) length, as read so far
     target_length, ctx_length = target.on_device(), ctx.on_device()
-    held = prompt_len  # the target cache's (and the draft context's) length, as read so far
 
     def launch(decision: Decision, staged_token: mx.array) -> Launched:
         t = time.perf_counter()
         first = staged_token.reshape(1)
-        if decision.plain_step:
-            proposals, v = None, 0
-            ids = first
-        else:
-            # draft: one forward over [staged, MASK x (B-1)]
-            block = target.embed(mx.concatenate([first, mx.full((B - 1,), mask_id, dtype=first.dtype)]))[None]
-            logits = head.logits(draft.propose(block, ctx.kv, ctx.length, ctx.visible(B))[:, 1:])[0]
-            v = decision.verified
-            proposals = head.token_ids(mx.argmax(logits, axis=-1))[:v].astype(first.dtype)
-            sure = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))[:v]
-            ids = mx.concatenate([first, proposals])
+        # draft: one forward over [staged, MASK x (B-1)]
+        block = target.embed(mx.concatenate([first, mx.full((B - 1,), mask_id, dtype=first.dtype)]))[None]
+        logits = head.logits(draft.propose(block, ctx.kv, ctx.length, ctx.visible(B))[:, 1:])[0]
+        v = decision.verified
+        proposals = head.token_ids(mx.argmax(logits, axis=-1))[:v].astype(first.dtype)
+        sure = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))[:v]
         t_draft = time.perf_counter()
         # verify: one target forward over [staged, d0 .. d(v-1)]
-        logits, taps = target.verify(ids)
+        logits, taps = target.verify(mx.concatenate([first, proposals]))
         posterior = mx.argmax(logits, axis=-1).astype(first.dtype)
-        if proposals is None:
-            accepted = mx.array(0, dtype=mx.int32)
-            sure = mx.exp(mx.max(logits[0]) - mx.logsumexp(logits[0])).reshape(1)
-        else:
-            accepted = accepted_length_on_device(proposals, posterior)
+        # accept, commit and roll back on the device: both caches advance by the kept rows only
+        accepted = accepted_length_on_device(proposals, posterior)
         nxt = mx.take(posterior, accepted)
-        # commit and roll back on the device: both caches advance by the kept rows only
         target_length.advance(accepted + 1, v + 1)
         ctx.extend(taps, kept=accepted + 1)
-        out = [x for x in (proposals, sure, posterior, accepted, nxt) if x is not None]
-        mx.async_eval(*out, target_length.offset, ctx.length)
+        mx.async_eval(proposals, sure, posterior, accepted, nxt, target_length.offset, ctx.length)
         return Launched(decision, v, proposals, sure, posterior, accepted, nxt, (t_draft - t) * 1e3)
 
-    def decide(last: Decision) -> Decision:
-        if last.plain_step and rule.keep_plain():
-            return last
-        if not last.plain_step:
-            plain = rule.before_draft()
-            if plain is not None:
-                return plain
-        return rule.after_draft(None)
+    def next_decision() -> Decision | None:
+        """The next cycle's decision, or None where the policy steps plainly next."""
+        return None if rule.before_draft() is not None else rule.after_draft(None)
 
-    decision = rule.before_draft() or rule.after_draft(None)
-    inflight = launch(decision, mx.array(staged, dtype=mx.int32))
+    inflight = launch(rule.after_draft(None), mx.array(staged, dtype=mx.int32))
     t_read = time.perf_counter()
     while True:
-        # the next cycle, built on this one's outputs, unless this one surely ends the run (it
-        # commits one token at least, and the next staged one where that fills the budget)
-        ahead = launch(decide(inflight.decision), inflight.next_staged) if budget() > 2 else None
+        # the next cycle, built on this one's outputs; not where this one surely ends the run (it
+        # commits a token at least, and the next staged one where that fills the budget), nor
+        # after a probe (plain_streak > 0), whose outcome decides whether drafting goes on
+        ahead = None
+        if budget() > 2 and not rule.plain_streak:
+            decision = next_decision()
+            ahead = decision and launch(decision, inflight.next_staged)
         c = inflight
-        drafted = [] if c.proposals is None else c.proposals.tolist()
-        confidence, posterior = c.confidence.tolist(), c.posterior.tolist()
+        drafted, confidence, posterior = c.proposals.tolist(), c.confidence.tolist(), c.posterior.tolist()
         a, nxt = c.accepted.item(), c.next_staged.item()
         now = time.perf_counter()
         cycle_ms = (now - t_read) * 1e3  # one cycle's share of the pipeline's time
@@ -138,8 +127,14 @@ def pipelined_cycles(
         )
         staged = nxt
         if stopped():
+            mx.synchronize()  # a cycle launched ahead of the end is this run's work
             break
-        inflight = ahead or launch(decide(c.decision), c.next_staged)
-    mx.synchronize()  # a cycle launched ahead of the end is this run's work
+        if ahead is None:
+            decision = next_decision()
+            if decision is None:
+                break
+            ahead = launch(decision, c.next_staged)
+        inflight = ahead
     target.off_device(held)
     ctx.off_device(held)
+    return staged
