@@ -1,6 +1,9 @@
 """Pipelined against synchronous cycles (dflash_core.engine.pipeline), per request, both policies,
 in one process: a few requests of the held-out chat set, each run as plain decoding and as DFlash
-four ways. Prints one JSON line per request; --save writes them all.
+four ways. Prints one JSON line per request; --save writes them all. For the pipelined runs it
+also times the host's `mx.async_eval` of each cycle, against the cycle's whole time: where the
+launch takes the whole cycle, the host waited for the device there (MLX's CPU backend does:
+its async_eval returns once the work is nearly done), and nothing overlapped.
 
     DFLASH_DTYPE=float32 python scripts/pipeline_probe.py --every 8 --save pipeline-probe.json
 
@@ -8,11 +11,14 @@ For medians over repeats, side by side: `python -m dflash_core benchmark --pipel
 
 import argparse
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import dflash_core.engine.pipeline as pipeline  # noqa: E402
 from dflash_core.models.loading import load_pair  # noqa: E402
 from dflash_core.models.registry import DEFAULT_PAIR  # noqa: E402
 from dflash_core.training.chat_prompts import HELDOUT  # noqa: E402
@@ -25,6 +31,15 @@ def main():
     ap.add_argument("--save")
     args = ap.parse_args()
     pair = load_pair(DEFAULT_PAIR)
+    launches = []  # seconds of each pipelined cycle's async_eval
+    mlx_async_eval = pipeline.mx.async_eval
+
+    def timed_async_eval(*arrays):
+        t = time.perf_counter()
+        mlx_async_eval(*arrays)
+        launches.append(time.perf_counter() - t)
+
+    pipeline.mx.async_eval = timed_async_eval  # what pipelined_cycles calls
     rows = []
     for i, prompt in enumerate(json.loads(HELDOUT.read_text())[:: args.every]):
         ids = pair.encode(prompt)
@@ -33,11 +48,18 @@ def main():
         for policy in ("fixed", "adaptive"):
             for piped in (True, False):
                 threshold = 0.0 if policy == "fixed" else None
-                *_, s = pair.dflash(ids, args.max_tokens, 8, policy=policy, min_confidence=threshold, pipelined=piped)
+                launches.clear()
+                *cycles, s = pair.dflash(
+                    ids, args.max_tokens, 8, policy=policy, min_confidence=threshold, pipelined=piped
+                )
                 row[f"{policy} {'pipelined' if piped else 'synchronous'}"] = {
                     "speedup": round(s.decode_tps / base.decode_tps, 3),
                     "tokens_per_cycle": round(s.tokens_per_cycle, 2),
                     "identical": s.tokens == base.tokens,
+                    "drafted_cycle_ms": round(
+                        statistics.median([ev.cycle_ms for ev in cycles if ev.drafted] or [0]), 2
+                    ),
+                    **({"async_eval_ms": round(statistics.median(launches) * 1e3, 2)} if launches else {}),
                 }
         rows.append(row)
         print(json.dumps(row), flush=True)
