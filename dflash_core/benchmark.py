@@ -105,7 +105,7 @@ def run_benchmark(
             rows = [("baseline", main, base)] + [("dflash", v, dflash(ids, v, sampling=sampling)) for v in variants]
             if oracle:
                 draft_fn = oracle_draft(len(ids), base.tokens)
-                fixed = Variant(block_size, "fixed", 0.0, False)  # every proposal verified: the ceiling
+                fixed = Variant(block_size, "fixed", 0.0, False, piped)  # every proposal verified: the ceiling
                 rows.append(("oracle", fixed, dflash(ids, fixed, draft_fn=draft_fn)))
             for engine, v, s in rows:
                 verdict = lossless_verdict(s, base)

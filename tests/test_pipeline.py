@@ -11,7 +11,7 @@ from code_prompts import PROMPTS
 
 import dflash_core.engine.cycle as cycle_module
 from dflash_core.benchmark import run_benchmark
-from dflash_core.engine import accepted_length
+from dflash_core.engine import accepted_length, oracle_draft
 from dflash_core.engine.fused_attention import attention, reference_attention
 from dflash_core.engine.pipeline import accepted_length_on_device
 from dflash_core.engine.target import rollback_kv
@@ -117,6 +117,21 @@ def test_pipelined_cycles_on_the_shipped_pair_accept_what_the_synchronous_ones_d
         assert all(ev.next_staged == ev.posterior[ev.accepted_len] for ev in piped)
         seen |= {ev.accepted_len for ev in piped}
     assert len(seen) >= 4  # rejections at several positions, not only the first
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_a_pipelined_oracle_accepts_every_block(random_pairs, block_size):
+    """The oracle proposes from the target cache's length on the device: every block but the
+    last is accepted whole, and the tokens are plain greedy's."""
+    pair = random_pairs["llama"]
+    ids = pair.encode(PROMPTS[1], chat_template=False)
+    _, base = run(pair.baseline(ids, 60))
+    oracle = oracle_draft(len(ids), base.tokens)
+    cycles, ours = run(
+        pair.dflash(ids, 60, block_size, draft_fn=oracle, policy="fixed", min_confidence=0.0, pipelined=True)
+    )
+    assert ours.pipelined and ours.tokens == base.tokens
+    assert [ev.accepted_len for ev in cycles[:-1]] == [block_size - 1] * (len(cycles) - 1)
 
 
 def test_pipelining_is_asked_for(random_pairs, monkeypatch):

@@ -137,7 +137,9 @@ def dflash_generate(
         return event
 
     # a fixed --min-confidence reads the draft's confidences before it verifies: no pipeline
-    pipelinable = target.pipelinable() and not (sampling or copy or draft_fn or draft.slides or rule.min_confidence)
+    proposes_on_device = draft_fn is None or hasattr(draft_fn, "on_device")  # OracleDraft does
+    pipelinable = target.pipelinable() and proposes_on_device and not (sampling or copy or draft.slides)
+    pipelinable = pipelinable and not rule.min_confidence
     pipelined = pipelinable and (pipeline_default() if pipelined is None else pipelined)
 
     while stop is None:
@@ -178,6 +180,7 @@ def dflash_generate(
                 stopped=lambda: stop is not None,
                 budget=lambda: max_tokens - len(tokens),
                 t0=t0,
+                oracle=draft_fn,
             )
             continue
 
@@ -390,16 +393,31 @@ def baseline_generate(
     )
 
 
-def oracle_draft(prompt_len: int, reference: list, filler: int = 0) -> Callable:
+class OracleDraft:
     """A draft that proposes the target's own greedy continuation (from a baseline run): every
-    block is fully accepted, so a run shows the machinery's ceiling."""
+    block is fully accepted, so a run shows the machinery's ceiling. Called with the context's
+    tokens (a `draft_fn`); `on_device` proposes the same in a pipelined cycle."""
 
-    def propose(context: list, block_size: int) -> list:
-        start = len(context) - prompt_len  # index of the token after the staged one
-        ahead = reference[start : start + block_size - 1]
-        return ahead + [filler] * (block_size - 1 - len(ahead))
+    def __init__(self, prompt_len: int, reference: list, filler: int = 0):
+        self.prompt_len, self.reference, self.filler = prompt_len, reference, filler
+        self._padded = None
 
-    return propose
+    def __call__(self, context: list, block_size: int) -> list:
+        start = len(context) - self.prompt_len  # index of the token after the staged one
+        ahead = self.reference[start : start + block_size - 1]
+        return ahead + [self.filler] * (block_size - 1 - len(ahead))
+
+    def on_device(self, held: mx.array, n: int) -> mx.array:
+        """The n tokens after the staged one, where the target's cache `held` positions (an
+        array: the prompt and the committed tokens; the staged one is not fed yet)."""
+        if self._padded is None:  # past the reference: filler (a cycle launched ahead of the end)
+            self._padded = mx.array(self.reference + [self.filler] * 64, dtype=mx.int32)
+        at = held - self.prompt_len + 1 + mx.arange(n)
+        return mx.take(self._padded, mx.minimum(at, self._padded.shape[0] - 1))
+
+
+def oracle_draft(prompt_len: int, reference: list, filler: int = 0) -> OracleDraft:
+    return OracleDraft(prompt_len, reference, filler)
 
 
 def first_divergence(model, prompt_ids: list, ours: list, reference: list) -> Divergence | None:

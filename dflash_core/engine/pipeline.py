@@ -54,25 +54,28 @@ def pipelined_cycles(
     stopped: Callable[[], bool],
     budget: Callable[[], int],
     t0: float,
+    oracle=None,
 ):
     """Drafted cycles from `staged`, until `stopped()` or until the policy would step plainly
     (plain steps are the synchronous loop's: pipelined already, and without the drafted cycle's
     device-side bookkeeping). Each cycle goes to `record(**fields)` (cycle.dflash_generate's) and
-    its event is yielded; returns the staged token. `budget()`: tokens still to commit. At the
-    end the caches are mlx-lm's again, holding every kept token."""
+    its event is yielded; returns the staged token. `budget()`: tokens still to commit. `oracle`:
+    a cycle.OracleDraft proposes instead of the draft. At the end the caches are mlx-lm's again,
+    holding every kept token."""
     B, mask_id = rule.B, draft.config.mask_token_id
     held = target.cache[0].offset  # the target cache's (and the draft context's) length, as read so far
     target_length, ctx_length = target.on_device(), ctx.on_device()
 
     def launch(decision: Decision, staged_token: mx.array) -> Launched:
         t = time.perf_counter()
-        first = staged_token.reshape(1)
-        # draft: one forward over [staged, MASK x (B-1)]
-        block = target.embed(mx.concatenate([first, mx.full((B - 1,), mask_id, dtype=first.dtype)]))[None]
-        logits = head.logits(draft.propose(block, ctx.kv, ctx.length, ctx.visible(B))[:, 1:])[0]
-        v = decision.verified
-        proposals = head.token_ids(mx.argmax(logits, axis=-1))[:v].astype(first.dtype)
-        sure = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))[:v]
+        first, v = staged_token.reshape(1), decision.verified
+        if oracle is not None:  # the target's own continuation, as sure as can be
+            proposals, sure = oracle.on_device(target_length.offset, v).astype(first.dtype), mx.ones(v)
+        else:  # draft: one forward over [staged, MASK x (B-1)]
+            block = target.embed(mx.concatenate([first, mx.full((B - 1,), mask_id, dtype=first.dtype)]))[None]
+            logits = head.logits(draft.propose(block, ctx.kv, ctx.length, ctx.visible(B))[:, 1:])[0]
+            proposals = head.token_ids(mx.argmax(logits, axis=-1))[:v].astype(first.dtype)
+            sure = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))[:v]
         t_draft = time.perf_counter()
         # verify: one target forward over [staged, d0 .. d(v-1)]
         logits, taps = target.verify(mx.concatenate([first, proposals]))
