@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import backend
-from .engine.cycle import oracle_draft, pipeline_default
+from .engine.cycle import OracleDraft, pipeline_default
 from .engine.events import lossless_verdict
 from .layout import ASSETS
 
@@ -104,7 +104,7 @@ def run_benchmark(
             base = _last(pair.baseline(ids, max_tokens, sampling=sampling))
             rows = [("baseline", main, base)] + [("dflash", v, dflash(ids, v, sampling=sampling)) for v in variants]
             if oracle:
-                draft_fn = oracle_draft(len(ids), base.tokens)
+                draft_fn = OracleDraft(len(ids), base.tokens)
                 fixed = Variant(block_size, "fixed", 0.0, False, piped)  # every proposal verified: the ceiling
                 rows.append(("oracle", fixed, dflash(ids, fixed, draft_fn=draft_fn)))
             for engine, v, s in rows:

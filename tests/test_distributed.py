@@ -45,7 +45,7 @@ def _exercise(pair) -> dict:
     import numpy as np
     from test_engine import _corrupting_draft
 
-    from dflash_core.engine import oracle_draft
+    from dflash_core.engine import OracleDraft
     from dflash_core.engine.events import CycleEvent
     from dflash_core.engine.target import Target
 
@@ -55,7 +55,7 @@ def _exercise(pair) -> dict:
     for block_size, n in ((16, LONG), (5, SHORT)):
         rng = random.Random(block_size)
         drafts = {
-            "oracle": oracle_draft(len(ids), base),
+            "oracle": OracleDraft(len(ids), base),
             "partly": _corrupting_draft(base, len(ids), pair.draft.config.vocab_size, rng, "partly"),
         }
         if block_size == 16:

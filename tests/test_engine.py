@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from code_prompts import PROMPTS
 
-from dflash_core.engine import accepted_length, oracle_draft
+from dflash_core.engine import OracleDraft, accepted_length
 from dflash_core.engine.events import CycleEvent, RunSummary
 from dflash_core.engine.policy import confident_prefix
 from dflash_core.engine.target import Target
@@ -79,7 +79,7 @@ def test_random_draft_is_lossless(random_pairs, family, block_size):
 def _corrupting_draft(reference, prompt_len, vocab, rng, mode):
     """Proposals derived from the true continuation: all wrong, or right up to a position that
     cycles through 0 .. B-1 (B-1: all right), so every accepted length occurs."""
-    oracle = oracle_draft(prompt_len, reference)
+    oracle = OracleDraft(prompt_len, reference)
     calls = iter(range(1 << 30))
 
     def propose(context, block_size):
@@ -103,7 +103,7 @@ def test_every_accepted_length_is_lossless(random_pairs, family):
             ids = pair.encode(prompt, chat_template=False)
             _, base = run(pair.baseline(ids, 150))
             drafts = {
-                "oracle": oracle_draft(len(ids), base.tokens),
+                "oracle": OracleDraft(len(ids), base.tokens),
                 "wrong": _corrupting_draft(base.tokens, len(ids), vocab, rng, "wrong"),
                 "partly": _corrupting_draft(base.tokens, len(ids), vocab, rng, "partly"),
             }
@@ -138,7 +138,7 @@ def test_a_run_ending_on_the_staged_token_takes_no_cycle_for_it(random_pairs, fa
     pair, B, k = random_pairs[family], 8, 3
     ids = pair.encode(PROMPTS[1], chat_template=False)
     _, free = run(pair.baseline(ids, 6 * B))
-    oracle = oracle_draft(len(ids), free.tokens)
+    oracle = OracleDraft(len(ids), free.tokens)
     for budget, last_verified, last_committed in ((k * B + 1, B - 1, B + 1), (k * B + 4, 3, 4)):
         cycles, ours = run(pair.dflash(ids, budget, B, draft_fn=oracle, policy="fixed"))
         assert ours.tokens == free.tokens[:budget] and ours.stop_reason == "max_tokens"
@@ -409,7 +409,7 @@ def _lossless_for_every_accepted_length(pair, prompts, max_tokens=60):
         for block_size in (16, 4):
             drafts = {
                 "draft model": None,
-                "oracle": oracle_draft(len(ids), base.tokens),
+                "oracle": OracleDraft(len(ids), base.tokens),
                 "wrong": _corrupting_draft(base.tokens, len(ids), vocab, rng, "wrong"),
                 "partly": _corrupting_draft(base.tokens, len(ids), vocab, rng, "partly"),
             }

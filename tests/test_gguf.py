@@ -16,7 +16,7 @@ from mlx_lm.models import llama
 from tokenizers import pre_tokenizers
 
 import dflash_core  # noqa: F401  (system BLAS before MLX)
-from dflash_core.engine import oracle_draft
+from dflash_core.engine import OracleDraft
 from dflash_core.engine.events import RunSummary
 from dflash_core.errors import DFlashError
 from dflash_core.models.loading import load_pair, load_target, resolve
@@ -222,7 +222,7 @@ def test_gguf_target_is_lossless(tmp_path, cache):
             ours = run(pair.dflash(ids, 40, block, min_confidence=0.0))
             assert ours.tokens == base.tokens, (prompt, block)
             # a draft that proposes the right tokens: whole blocks accepted, the same output
-            oracle = run(pair.dflash(ids, 40, block, draft_fn=oracle_draft(len(ids), base.tokens)))
+            oracle = run(pair.dflash(ids, 40, block, draft_fn=OracleDraft(len(ids), base.tokens)))
             assert oracle.tokens == base.tokens and oracle.cycles < len(base.tokens) / 2, (prompt, block)
     chat = pair.encode("hello")  # the GGUF's chat template came along
     assert chat[0] == ID["<|im_start|>"] and ID["<|im_end|>"] in chat

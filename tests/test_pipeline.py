@@ -11,7 +11,7 @@ from code_prompts import PROMPTS
 
 import dflash_core.engine.cycle as cycle_module
 from dflash_core.benchmark import run_benchmark
-from dflash_core.engine import accepted_length, oracle_draft
+from dflash_core.engine import OracleDraft, accepted_length
 from dflash_core.engine.fused_attention import attention, reference_attention
 from dflash_core.engine.pipeline import accepted_length_on_device
 from dflash_core.engine.target import rollback_kv
@@ -126,7 +126,7 @@ def test_a_pipelined_oracle_accepts_every_block(random_pairs, block_size):
     pair = random_pairs["llama"]
     ids = pair.encode(PROMPTS[1], chat_template=False)
     _, base = run(pair.baseline(ids, 60))
-    oracle = oracle_draft(len(ids), base.tokens)
+    oracle = OracleDraft(len(ids), base.tokens)
     cycles, ours = run(
         pair.dflash(ids, 60, block_size, draft_fn=oracle, policy="fixed", min_confidence=0.0, pipelined=True)
     )

@@ -10,7 +10,7 @@ from code_prompts import PROMPTS
 from mlx_lm.models.cache import KVCache
 from test_engine import MORE_ARCHITECTURES, write_architecture
 
-from dflash_core.engine import dflash_generate, oracle_draft
+from dflash_core.engine import OracleDraft, dflash_generate
 from dflash_core.engine.draft import DraftContext
 from dflash_core.engine.prefix_cache import PrefixCache, prefill
 from dflash_core.engine.sampling import Sampling
@@ -89,7 +89,7 @@ def test_a_run_ended_by_an_eos_inside_its_last_block_is_snapshot_only_where_it_c
         max_tokens=20,
         block_size=16,
         eos_ids={base.tokens[3]},
-        draft_fn=oracle_draft(len(ids), base.tokens),
+        draft_fn=OracleDraft(len(ids), base.tokens),
         policy="fixed",
         prefix_cache=cache,
     )

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from cli_run import dflash_cli
 
-from dflash_core.engine import oracle_draft
+from dflash_core.engine import OracleDraft
 from dflash_core.engine import sampling as sampling_module
 from dflash_core.engine.sampling import Sampling, speculative_accept
 
@@ -167,7 +167,7 @@ def test_dflash_sampling_has_the_targets_distribution(sharp_pair, temperature, t
     expected = target_two_tokens(pair, ids, s)
     base = list(pair.baseline(ids, 12))[-1]
     # a deterministic draft that is partly right: the target's greedy continuation
-    draft_fn = oracle_draft(len(ids), base.tokens) if draft == "greedy-continuation" else None
+    draft_fn = OracleDraft(len(ids), base.tokens) if draft == "greedy-continuation" else None
     runs, counts, accepted = 500, {}, 0
     mx.random.seed(7)
     for _ in range(runs):

@@ -416,10 +416,6 @@ class OracleDraft:
         return mx.take(self._padded, mx.minimum(at, self._padded.shape[0] - 1))
 
 
-def oracle_draft(prompt_len: int, reference: list, filler: int = 0) -> OracleDraft:
-    return OracleDraft(prompt_len, reference, filler)
-
-
 def first_divergence(model, prompt_ids: list, ours: list, reference: list) -> Divergence | None:
     """Where two generations first differ, with the target's top-2 logit margin there (a tiny
     margin means float noise between batched and one-token forwards, not a wrong token)."""

@@ -58,10 +58,6 @@ class DeviceKVCache:
         cache.state = (self.keys, self.values, length)
         return cache
 
-    def keys_and_values(self):
-        end = self.length.bound
-        return self.keys[..., :end, :], self.values[..., :end, :]
-
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         n, have = keys.shape[2], self.keys.shape[2]
         end = self.length.bound + n
