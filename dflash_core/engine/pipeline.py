@@ -92,8 +92,8 @@ def pipelined_cycles(
         """The next cycle's decision, or None where the policy steps plainly next."""
         return None if rule.before_draft() is not None else rule.after_draft(None)
 
-    inflight = launch(rule.after_draft(None), mx.array(staged, dtype=mx.int32))
     t_read = time.perf_counter()
+    inflight = launch(rule.after_draft(None), mx.array(staged, dtype=mx.int32))
     while True:
         # the next cycle, built on this one's outputs; not where this one surely ends the run (it
         # commits a token at least, and the next staged one where that fills the budget), nor
@@ -101,7 +101,7 @@ def pipelined_cycles(
         ahead = None
         if budget() > 2 and not rule.plain_streak:
             decision = next_decision()
-            ahead = decision and launch(decision, inflight.next_staged)
+            ahead = None if decision is None else launch(decision, inflight.next_staged)
         c = inflight
         drafted, confidence, posterior = c.proposals.tolist(), c.confidence.tolist(), c.posterior.tolist()
         a, nxt = c.accepted.item(), c.next_staged.item()
