@@ -138,7 +138,7 @@ def dflash_generate(
 
     # a fixed --min-confidence reads the draft's confidences before it verifies: no pipeline
     proposes_on_device = draft_fn is None or hasattr(draft_fn, "on_device")  # OracleDraft does
-    pipelinable = target.pipelinable() and proposes_on_device and not (sampling or copy or draft.slides)
+    pipelinable = target.plain_kv() and proposes_on_device and not (sampling or copy or draft.slides)
     pipelinable = pipelinable and not rule.min_confidence
     pipelined = pipelinable and (pipeline_default() if pipelined is None else pipelined)
 

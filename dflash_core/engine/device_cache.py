@@ -54,9 +54,7 @@ class DeviceKVCache:
 
     def to_kv_cache(self, length: int) -> KVCache:
         """mlx-lm's cache again, holding `length` entries (the host has read it by now)."""
-        cache = KVCache()
-        cache.state = (self.keys, self.values, length)
-        return cache
+        return KVCache.from_state((self.keys, self.values, length))
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         n, have = keys.shape[2], self.keys.shape[2]

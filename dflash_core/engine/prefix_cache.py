@@ -128,7 +128,7 @@ class PrefixCache:
         held = _attention_length(target.cache)
         n = min(held, ctx.length, len(tokens))
         exact = held == ctx.length <= len(tokens)
-        cuttable = all(type(c) is KVCache for c in target.cache)
+        cuttable = target.plain_kv()
         key = tuple(tokens[:n])
         if n == 0 or not (exact or cuttable):
             return

@@ -305,12 +305,13 @@ class Target:
                 rollback_kv(c, fed - kept)
         self._tapes = None
 
-    def pipelinable(self) -> bool:
-        """Whether every cache is mlx-lm's plain KVCache, which a DeviceKVCache can stand in for."""
+    def plain_kv(self) -> bool:
+        """Whether every cache is mlx-lm's plain KVCache: one that can be cut back to any length
+        (a prefix snapshot) and that a DeviceKVCache can stand in for (pipelined cycles)."""
         return all(type(c) is KVCache for c in self.cache)
 
     def on_device(self) -> DeviceLength:
-        """Caches whose length lives on the device (pipelinable targets; see device_cache)."""
+        """Caches whose length lives on the device (plain_kv targets; see device_cache)."""
         self.cache, length = on_device(self.cache)
         return length
 
