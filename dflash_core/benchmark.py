@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import backend
-from .engine.cycle import OracleDraft, pipeline_default
+from .engine.cycle import OracleDraft, compile_default, pipeline_default
 from .engine.events import lossless_verdict
 from .layout import ASSETS
 
@@ -47,6 +47,7 @@ def run_benchmark(
     copy: bool = False,
     copy_sweep: bool = False,
     pipeline_sweep: bool = False,
+    compile_sweep: bool = False,
 ) -> dict:
     """With `sampling` (temperature > 0) the baseline is plain sampling and DFlash speculative
     sampling, each run seeded alike: the outputs share a distribution, not tokens. `template_args`:
@@ -54,7 +55,8 @@ def run_benchmark(
     `policy_sweep` runs other policies side by side,
     `confidence_sweep` the fixed policy at other thresholds, `copy_sweep` DFlash with the copy
     source (dflash_core.engine.copy_source) the other way than `copy`, `pipeline_sweep` with
-    pipelined cycles (dflash_core.engine.pipeline) the other way than the default."""
+    pipelined cycles (dflash_core.engine.pipeline) the other way than the default, `compile_sweep`
+    pipelined cycles compiled (pipeline.CompiledCycles) the other way than the default."""
     block_size = pair.block_size if block_size is None else block_size
     policy = pair.policy_for(policy, min_confidence, sampling)
     if min_confidence is None:
@@ -64,14 +66,21 @@ def run_benchmark(
         pair.check_request(ids, max_tokens, block_size)
     for b in sweep:
         pair.check_request(encoded[0], max_tokens, b)
-    piped = pipeline_default()
-    main = Variant(block_size, policy, min_confidence, copy, piped)
+    piped, compiled = pipeline_default(), pipeline_default() and compile_default()
+    main = Variant(block_size, policy, min_confidence, copy, piped, compiled)
     sweeps = {
-        "sweep": [Variant(b, policy, min_confidence, copy, piped) for b in sweep],
-        "policy_sweep": [Variant(block_size, p, min_confidence, copy, piped) for p in policy_sweep],
-        "confidence_sweep": [Variant(block_size, "fixed", c, copy, piped) for c in confidence_sweep],
-        "copy_sweep": [Variant(block_size, policy, min_confidence, not copy, piped)] if copy_sweep else [],
-        "pipeline_sweep": [Variant(block_size, policy, min_confidence, copy, not piped)] if pipeline_sweep else [],
+        "sweep": [Variant(b, policy, min_confidence, copy, piped, compiled) for b in sweep],
+        "policy_sweep": [Variant(block_size, p, min_confidence, copy, piped, compiled) for p in policy_sweep],
+        "confidence_sweep": [Variant(block_size, "fixed", c, copy, piped, compiled) for c in confidence_sweep],
+        "copy_sweep": [Variant(block_size, policy, min_confidence, not copy, piped, compiled)] if copy_sweep else [],
+        "pipeline_sweep": [
+            Variant(block_size, policy, min_confidence, copy, not piped, not piped and compile_default())
+        ]
+        if pipeline_sweep
+        else [],
+        "compile_sweep": [Variant(block_size, policy, min_confidence, copy, True, not compiled)]
+        if compile_sweep
+        else [],
     }
     sweeps = {name: list(dict.fromkeys([main, *group])) if group else [] for name, group in sweeps.items()}
     sweeps["sweep"].sort(key=lambda v: v.block_size)
@@ -87,6 +96,7 @@ def run_benchmark(
                 policy=v.policy,
                 copy=v.copy,
                 pipelined=v.pipeline,
+                compiled=v.compiled,
                 **kw,
             )
         )
@@ -121,6 +131,7 @@ def run_benchmark(
                 if engine == "dflash":
                     run["min_confidence"] = v.min_confidence if v.policy == "fixed" else None
                     run["pipeline"] = v.pipeline  # asked for (`pipelined`: what the run could do)
+                    run["compile"] = v.compiled  # likewise (`compiled`)
                 if verdict == "diverged":  # where, and whether the target was torn between two tokens there
                     run["divergence"] = asdict(pair.divergence(ids, s.tokens, base.tokens))
                 runs.append(run)
@@ -152,6 +163,7 @@ def run_benchmark(
             "copy": copy,
             "copy_sweep": copy_sweep,
             "pipeline_sweep": pipeline_sweep,
+            "compile_sweep": compile_sweep,
             "temperature": sampling.temperature if sampling else 0.0,
             "top_p": sampling.top_p if sampling else 1.0,
             "seed": sampling.seed if sampling else None,
@@ -179,6 +191,7 @@ class Variant:
     min_confidence: float
     copy: bool = False
     pipeline: bool = False  # cycles pipelined where the run allows (dflash_core.engine.pipeline)
+    compiled: bool = False  # ... and compiled (pipeline.CompiledCycles)
 
     def __post_init__(self):
         if self.policy == "adaptive":  # the threshold is the fixed policy's alone
@@ -187,11 +200,12 @@ class Variant:
     @property
     def label(self) -> str:
         knob = "" if self.policy == "adaptive" else f" {self.min_confidence:g}"
-        return f"{self.policy}{knob} B={self.block_size}{' copy' if self.copy else ''}{' pipelined' if self.pipeline else ''}"
+        return f"{self.policy}{knob} B={self.block_size}{' copy' if self.copy else ''}{' pipelined' if self.pipeline else ''}{' compiled' if self.compiled else ''}"
 
     def matches(self, run: dict) -> bool:
-        fields = (run["block_size"], run["policy"], run["min_confidence"], run.get("copy", False), run.get("pipeline"))
-        return fields == (self.block_size, self.policy, self.min_confidence, self.copy, self.pipeline)
+        fields = ("block_size", "policy", "min_confidence", "copy", "pipeline", "compile")
+        have = tuple(run.get(f, False) for f in fields)
+        return have == (self.block_size, self.policy, self.min_confidence, self.copy, self.pipeline, self.compiled)
 
 
 def summarize(runs: list, main: Variant, sweeps: dict = None) -> dict:
@@ -260,6 +274,7 @@ def summarize(runs: list, main: Variant, sweeps: dict = None) -> dict:
                 "confidence_sweep": "min_confidence",
                 "copy_sweep": "copy",
                 "pipeline_sweep": "pipeline",
+                "compile_sweep": "compiled",
             }[name]
             out[name] = [
                 {key: getattr(v, key)} | medians([r for r in runs if r["engine"] == "dflash" and v.matches(r)])

@@ -1,11 +1,12 @@
 """Pipelined against synchronous cycles (dflash_core.engine.pipeline), per request, both policies,
 in one process: a few requests of the held-out chat set, each run as plain decoding and as DFlash
-four ways. Prints one JSON line per request; --save writes them all. For the pipelined runs it
+with each policy in each mode (--modes). Prints one JSON line per request; --save writes them all. For the pipelined runs it
 also times the host's `mx.async_eval` of each cycle, against the cycle's whole time: where the
 launch takes the whole cycle, the host waited for the device there (MLX's CPU backend does:
 its async_eval returns once the work is nearly done), and nothing overlapped.
 
     DFLASH_DTYPE=float32 python scripts/pipeline_probe.py --every 8 --save pipeline-probe.json
+    DFLASH_DTYPE=float32 python scripts/pipeline_probe.py --modes compiled,pipelined,synchronous
 
 For medians over repeats, side by side: `python -m dflash_core benchmark --pipeline-sweep`."""
 
@@ -29,6 +30,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--every", type=int, default=8, help="take every n-th held-out request")
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument(
+        "--modes",
+        default="pipelined,synchronous",
+        help="of synchronous, pipelined, compiled (pipelined cycles as compiled graphs), comma-separated",
+    )
     ap.add_argument("--save")
     args = ap.parse_args()
     pair = load_pair(DEFAULT_PAIR)
@@ -53,18 +59,29 @@ def main():
         *_, base = pair.baseline(ids, args.max_tokens)
         row = {"request": i * args.every, "baseline_tps": round(base.decode_tps, 1)}
         for policy in ("fixed", "adaptive"):
-            for piped in (True, False):
+            for mode in args.modes.split(","):
                 threshold = 0.0 if policy == "fixed" else None
                 launches.clear()
                 *cycles, s = pair.dflash(
-                    ids, args.max_tokens, 8, policy=policy, min_confidence=threshold, pipelined=piped
+                    ids,
+                    args.max_tokens,
+                    8,
+                    policy=policy,
+                    min_confidence=threshold,
+                    pipelined=mode != "synchronous",
+                    compiled=mode == "compiled",
                 )
-                row[f"{policy} {'pipelined' if piped else 'synchronous'}"] = {
+                drafted = [ev for ev in cycles if ev.drafted]
+                row[f"{policy} {mode}"] = {
                     "speedup": round(s.decode_tps / base.decode_tps, 3),
                     "tokens_per_cycle": round(s.tokens_per_cycle, 2),
                     "identical": s.tokens == base.tokens,
-                    "drafted_cycle_ms": round(
-                        statistics.median([ev.cycle_ms for ev in cycles if ev.drafted] or [0]), 2
+                    "drafted_cycle_ms": round(statistics.median([ev.cycle_ms for ev in drafted] or [0]), 2),
+                    # the host's time to build and launch a pipelined cycle (its draft_ms)
+                    **(
+                        {"launch_ms": round(statistics.median([ev.draft_ms for ev in drafted]), 2)}
+                        if s.pipelined
+                        else {}
                     ),
                     **({"async_eval_ms": round(statistics.median(launches) * 1e3, 2)} if launches else {}),
                 }

@@ -13,7 +13,7 @@ import dflash_core.engine.cycle as cycle_module
 from dflash_core.benchmark import run_benchmark
 from dflash_core.engine import OracleDraft, accepted_length
 from dflash_core.engine.fused_attention import attention, reference_attention
-from dflash_core.engine.pipeline import accepted_length_on_device
+from dflash_core.engine.pipeline import accepted_length_on_device, capacity_for
 from dflash_core.engine.target import rollback_kv
 from dflash_core.models.loading import load_pair
 from dflash_core.models.registry import DEFAULT_PAIR
@@ -43,9 +43,9 @@ def test_a_device_length_cache_reads_like_a_trimmed_one(random_pairs):
     target = random_pairs["qwen3"].target
     prompt, blocks = list(range(3, 40)), [[5, 9, 11, 2, 7, 4], [8, 1, 6, 3, 10, 12], [13]]
 
-    def logits(on_device: bool) -> list:
+    def logits(on_device: bool, capacity: int = None) -> list:
         target.prefill(prompt)
-        length = target.on_device() if on_device else None
+        length = target.on_device(capacity) if on_device else None
         out = []
         for ids in blocks:
             logits, _ = target.verify(ids)
@@ -61,8 +61,10 @@ def test_a_device_length_cache_reads_like_a_trimmed_one(random_pairs):
             assert all(c.offset == len(prompt) + 6 for c in target.cache)
         return out
 
-    for want, got in zip(logits(False), logits(True)):
-        assert mx.allclose(want, got, atol=1e-4, rtol=1e-4).item()
+    want = logits(False)
+    for got in (logits(True), logits(True, capacity=128)):  # a fixed size: the forwards see every row
+        for a, b in zip(want, got):
+            assert mx.allclose(a, b, atol=1e-4, rtol=1e-4).item()
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -98,6 +100,30 @@ def test_pipelined_cycles_are_lossless(random_pairs, family):
         # the caches are mlx-lm's again, holding the prompt and the kept tokens
         assert all(type(c).__name__ != "DeviceKVCache" for c in pair.target.cache)
     assert plain and drafted
+
+
+@pytest.mark.parametrize("family", PLAIN_KV)
+def test_compiled_cycles_are_lossless(random_pairs, family):
+    """Pipelined cycles as compiled graphs (pipeline.CompiledCycles): plain greedy's tokens, with
+    plain steps interleaved and verifies of several sizes, over two prompts whose runs reuse the
+    graphs traced by the first."""
+    pair = random_pairs[family]
+    pair.target.compiled_cycles.clear()
+    for prompt in PROMPTS[:2]:
+        ids = pair.encode(prompt, chat_template=False)
+        _, base = run(pair.baseline(ids, 40))
+        for policy in ("fixed", "adaptive"):
+            cycles, ours = run(
+                pair.dflash(ids, 40, 6, min_confidence=0.0, policy=policy, pipelined=True, compiled=True)
+            )
+            assert ours.tokens == base.tokens, (prompt, policy)
+            assert ours.compiled and ours.plain_steps < ours.cycles
+    ((_, _, graphs),) = pair.target.compiled_cycles.values()
+    assert graphs._graphs  # cycles ran as compiled graphs, not only the first one as it is
+
+
+def test_compiled_caches_have_one_size_per_bucket():
+    assert [capacity_for(n) for n in (1, 300, 512, 513, 3000)] == [512, 512, 512, 1024, 4096]
 
 
 @pytest.mark.slow
@@ -162,3 +188,22 @@ def test_the_benchmark_runs_pipelined_cycles_side_by_side(random_pairs):
     sweep = res["summary"]["pipeline_sweep"]
     assert [s["pipeline"] for s in sweep] == [False, True]
     assert res["summary"]["dflash_tps_median"] == sweep[0]["dflash_tps_median"]  # the main one: the default
+
+
+def test_the_benchmark_runs_compiled_cycles_side_by_side(random_pairs):
+    res = run_benchmark(
+        random_pairs["llama"],
+        ["def fib(n):"],
+        max_tokens=16,
+        repeat=1,
+        log=lambda *a: None,
+        policy="fixed",
+        min_confidence=0.0,
+        compile_sweep=True,
+    )
+    dflash = [r for r in res["runs"] if r["engine"] == "dflash"]
+    assert sorted((r["pipeline"], r["compile"], r["compiled"]) for r in dflash) == [
+        (False, False, False),
+        (True, True, True),
+    ]
+    assert [row["compiled"] for row in res["summary"]["compile_sweep"]] == [False, True]

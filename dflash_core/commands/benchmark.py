@@ -48,6 +48,12 @@ def add_parser(sub):
         help="also run DFlash with pipelined cycles (each launched before the last is read back) the "
         "other way than the default (off; DFLASH_PIPELINE=1 turns them on) side by side",
     )
+    p.add_argument(
+        "--compile-sweep",
+        action="store_true",
+        help="also run DFlash with pipelined cycles as compiled graphs the other way than the default "
+        "(off; DFLASH_PIPELINE=1 DFLASH_COMPILE_CYCLE=1 turn them on) side by side",
+    )
     add_sampling_args(p)
     p.add_argument(
         "--oracle",
@@ -134,6 +140,7 @@ def run(args) -> int:
         copy=args.copy,
         copy_sweep=args.copy_sweep,
         pipeline_sweep=args.pipeline_sweep,
+        compile_sweep=args.compile_sweep,
     )
     res["config"]["group"] = distributed.describe()  # the processes the target was split across
     if args.save and distributed.primary():

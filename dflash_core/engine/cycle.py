@@ -29,6 +29,7 @@ def accepted_length(drafted: list, posterior: list) -> int:
 
 PROBE_CONTEXT = 64  # prompt tokens the cost probe runs on
 PIPELINE_ENV = "DFLASH_PIPELINE"
+COMPILE_ENV = "DFLASH_COMPILE_CYCLE"
 
 
 def pipeline_default() -> bool:
@@ -36,6 +37,12 @@ def pipeline_default() -> bool:
     is measured faster: on an H100 it was lossless, and its speed against the synchronous cycle
     was within that host's noise (docs/benchmarks.md; benchmark --pipeline-sweep measures it)."""
     return os.environ.get(PIPELINE_ENV, "0") == "1"
+
+
+def compile_default() -> bool:
+    """Whether pipelined cycles run as compiled graphs (pipeline.CompiledCycles):
+    DFLASH_COMPILE_CYCLE=1. Off by default until it is measured faster."""
+    return os.environ.get(COMPILE_ENV, "0") == "1"
 
 
 def _finish(tokens: list, new: list, max_tokens: int, eos: set):
@@ -69,6 +76,7 @@ def dflash_generate(
     prefix_cache: PrefixCache | None = None,
     copy: bool = False,
     pipelined: bool | None = None,
+    compiled: bool | None = None,
 ) -> Iterator:
     """Yields one CycleEvent per cycle, then a RunSummary. `policy` "adaptive" lets the cost
     model decide each cycle between a plain target step and drafting, and how many proposals to
@@ -88,7 +96,8 @@ def dflash_generate(
     the policy expects more of them, or alone (no draft forward) where they promise more than
     drafting would. `pipelined`: cycles launched before the last one is read back
     (dflash_core.engine.pipeline), where the run allows it (greedy, no copies, plain attention
-    caches, no fixed confidence threshold); None: pipeline_default()."""
+    caches, no fixed confidence threshold); None: pipeline_default(). `compiled`: a pipelined run's
+    drafted cycles as compiled graphs (the draft's, not an oracle's); None: compile_default()."""
     B, mask_id = block_size, draft.config.mask_token_id
     head = target.draft_head(draft_vocab)
     profiles = {} if cost_profiles is None else cost_profiles
@@ -141,6 +150,7 @@ def dflash_generate(
     pipelinable = target.plain_kv() and proposes_on_device and not (sampling or copy or draft.slides)
     pipelinable = pipelinable and not rule.min_confidence
     pipelined = pipelinable and (pipeline_default() if pipelined is None else pipelined)
+    compiled = pipelined and draft_fn is None and (compile_default() if compiled is None else compiled)
 
     while stop is None:
         t = time.perf_counter()
@@ -181,6 +191,7 @@ def dflash_generate(
                 budget=lambda: max_tokens - len(tokens),
                 t0=t0,
                 oracle=draft_fn,
+                compiled=compiled,
             )
             continue
 
@@ -291,6 +302,7 @@ def dflash_generate(
         copied_verified=tally.copied_verified,
         copied_accepted=tally.copied_accepted,
         pipelined=pipelined,
+        compiled=compiled,
     )
 
 

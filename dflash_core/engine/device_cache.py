@@ -28,6 +28,11 @@ class DeviceLength:
             v = self._visible[fed] = (self.offset + fed).reshape(1)
         return v
 
+    def set(self, offset: mx.array):
+        """The length as an array computed elsewhere (a compiled cycle's output)."""
+        self.offset = offset
+        self._visible = {}
+
     def advance(self, kept: mx.array, fed: int):
         """After a forward of `fed` rows, of which the first `kept` (an array) are committed."""
         self.offset = self.offset + kept
@@ -44,9 +49,12 @@ class DeviceKVCache:
 
     step = 256  # grows like mlx-lm's KVCache
 
-    def __init__(self, cache: KVCache, length: DeviceLength):
+    def __init__(self, cache: KVCache, length: DeviceLength, capacity: int = None):
         self.keys, self.values = cache.keys, cache.values  # (1, kv heads, capacity, head dim)
         self.length = length
+        self.fixed = capacity is not None  # forwards see the whole buffer, of this size
+        if self.fixed:
+            self.keys, self.values = (_sized(x, capacity) for x in (self.keys, self.values))
 
     @property
     def offset(self) -> mx.array:  # mlx-lm's attention reads it for RoPE
@@ -68,15 +76,26 @@ class DeviceKVCache:
         at = self.length.offset.reshape(1)
         self.keys = mx.slice_update(self.keys, keys, at, axes=(2,))
         self.values = mx.slice_update(self.values, values, at, axes=(2,))
+        if self.fixed:
+            return self.keys, self.values
         return self.keys[..., :end, :], self.values[..., :end, :]
 
     def make_mask(self, n: int, return_array: bool = False, window_size=None) -> mx.array:
-        """Query i, at position offset + i, sees the keys up to its own position (of the bound + n
-        that update_and_fetch returns)."""
-        return mx.arange(self.length.bound + n)[None] <= (self.offset + mx.arange(n))[:, None]
+        """Query i, at position offset + i, sees the keys up to its own position (of those that
+        update_and_fetch returns)."""
+        keys = self.keys.shape[2] if self.fixed else self.length.bound + n
+        return mx.arange(keys)[None] <= (self.offset + mx.arange(n))[:, None]
 
 
-def on_device(caches: list) -> tuple:
-    """(DeviceKVCaches standing in for mlx-lm KVCaches of one model, their shared DeviceLength)."""
+def _sized(x: mx.array, size: int) -> mx.array:
+    """A cache buffer (1, heads, positions, dim) cut or zero-padded to `size` positions."""
+    if x.shape[2] >= size:
+        return x[..., :size, :]
+    return mx.concatenate([x, mx.zeros((*x.shape[:2], size - x.shape[2], x.shape[3]), x.dtype)], axis=2)
+
+
+def on_device(caches: list, capacity: int = None) -> tuple:
+    """(DeviceKVCaches standing in for mlx-lm KVCaches of one model, their shared DeviceLength);
+    with `capacity`, of that fixed size (it must hold every position the run will write)."""
     length = DeviceLength(caches[0].offset)
-    return [DeviceKVCache(c, length) for c in caches], length
+    return [DeviceKVCache(c, length, capacity) for c in caches], length

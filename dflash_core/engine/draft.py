@@ -354,12 +354,14 @@ class DraftContext:
             self.device_length.advance(kept, feats.shape[1])
             self.length = self.device_length.offset
 
-    def on_device(self) -> DeviceLength:
+    def on_device(self, capacity: int = None) -> DeviceLength:
         """Keep the length on the device (dflash_core.engine.device_cache): `length` becomes an
         array, extend takes how many of its positions to keep, and the draft attends through
-        `visible`."""
-        self.caches, self.device_length = on_device(self.caches)
+        `visible`. With `capacity` the caches have that fixed size, and `kv` their whole buffers."""
+        self.caches, self.device_length = on_device(self.caches, capacity)
         self.length = self.device_length.offset
+        if capacity is not None:
+            self.kv = [(c.keys, c.values) for c in self.caches]
         return self.device_length
 
     def off_device(self, length: int):

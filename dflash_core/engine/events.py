@@ -52,6 +52,8 @@ class CycleEvent:
     # sampling, a draw from the residual max(0, p - q) after a rejection, else from p
     kv_trimmed: int  # attention-cache entries dropped per attention layer (verified - a)
     gdn_replayed: int  # GatedDeltaNet steps replayed per linear layer (a+1; 0 if none)
+    # a pipelined cycle (dflash_core.engine.pipeline): draft_ms is the host's time to build and
+    # launch the whole cycle, verify_ms the rest of its share of the pipeline's time
     draft_ms: float
     verify_ms: float
     rollback_ms: float
@@ -222,6 +224,7 @@ class RunSummary:
     copied_verified: int = 0
     copied_accepted: int = 0
     pipelined: bool = False  # each cycle launched before the last one was read (dflash_core.engine.pipeline)
+    compiled: bool = False  # ... and its drafted cycles ran as compiled graphs (pipeline.CompiledCycles)
 
     @property
     def generated(self) -> int:
@@ -296,6 +299,7 @@ class RunSummary:
                 acceptance_by_confidence=self.acceptance_by_confidence,
                 copy=self.copy,
                 pipelined=self.pipelined,
+                compiled=self.compiled,
             )
             if self.copy:  # tokens per cycle by the proposals' source
                 tally = self.tally

@@ -40,7 +40,7 @@ class Launched:
     posterior: mx.array
     accepted: mx.array
     next_staged: mx.array
-    draft_ms: float  # the host's time to build the draft's part of the graph
+    launch_ms: float  # the host's time to build and launch the cycle's graph
 
 
 def pipelined_cycles(
@@ -55,20 +55,26 @@ def pipelined_cycles(
     budget: Callable[[], int],
     t0: float,
     oracle=None,
+    compiled: bool = False,
 ):
     """Drafted cycles from `staged`, until `stopped()` or until the policy would step plainly
     (plain steps are the synchronous loop's: pipelined already, and without the drafted cycle's
     device-side bookkeeping). Each cycle goes to `record(**fields)` (cycle.dflash_generate's) and
     its event is yielded; returns the staged token. `budget()`: tokens still to commit. `oracle`:
-    a cycle.OracleDraft proposes instead of the draft. At the end the caches are mlx-lm's again,
+    a cycle.OracleDraft proposes instead of the draft. `compiled`: the draft's cycles run as
+    compiled graphs (CompiledCycles). At the end the caches are mlx-lm's again,
     holding every kept token."""
     B, mask_id = rule.B, draft.config.mask_token_id
     held = target.cache[0].offset  # the target cache's (and the draft context's) length, as read so far
-    target_length, ctx_length = target.on_device(), ctx.on_device()
+    graphs = compiled_cycles(target, draft, head, B) if compiled and oracle is None else None
+    # a compiled cycle's caches have one size for the run: every position it may write (the
+    # budget, and the rows of the two cycles in flight)
+    capacity = None if graphs is None else capacity_for(held + budget() + 3 * (B + 1))
+    target_length, ctx_length = target.on_device(capacity), ctx.on_device(capacity)
 
-    def launch(decision: Decision, staged_token: mx.array) -> Launched:
-        t = time.perf_counter()
-        first, v = staged_token.reshape(1), decision.verified
+    def device_work(first: mx.array, v: int) -> tuple:
+        """The cycle's graph from the staged token `first` (1,), v proposals verified: its outputs
+        as arrays, both caches advanced by the kept rows on the device."""
         if oracle is not None:  # the target's own continuation, as sure as can be
             proposals, sure = oracle.on_device(target_length.offset, v).astype(first.dtype), mx.ones(v)
         else:  # draft: one forward over [staged, MASK x (B-1)]
@@ -76,17 +82,24 @@ def pipelined_cycles(
             logits = head.logits(draft.propose(block, ctx.kv, ctx.length, ctx.visible(B))[:, 1:])[0]
             proposals = head.token_ids(mx.argmax(logits, axis=-1))[:v].astype(first.dtype)
             sure = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))[:v]
-        t_draft = time.perf_counter()
         # verify: one target forward over [staged, d0 .. d(v-1)]
         logits, taps = target.verify(mx.concatenate([first, proposals]))
         posterior = mx.argmax(logits, axis=-1).astype(first.dtype)
         # accept, commit and roll back on the device: both caches advance by the kept rows only
         accepted = accepted_length_on_device(proposals, posterior)
-        nxt = mx.take(posterior, accepted)
         target_length.advance(accepted + 1, v + 1)
         ctx.extend(taps, kept=accepted + 1)
-        mx.async_eval(proposals, sure, posterior, accepted, nxt, target_length.offset, ctx.length)
-        return Launched(decision, v, proposals, sure, posterior, accepted, nxt, (t_draft - t) * 1e3)
+        return proposals, sure, posterior, accepted, mx.take(posterior, accepted)
+
+    def launch(decision: Decision, staged_token: mx.array) -> Launched:
+        t = time.perf_counter()
+        first, v = staged_token.reshape(1), decision.verified
+        if graphs is None:
+            outputs = device_work(first, v)
+        else:
+            outputs = graphs.run(device_work, target, ctx, first, v)
+        mx.async_eval(*outputs, target_length.offset, ctx.length)
+        return Launched(decision, v, *outputs, (time.perf_counter() - t) * 1e3)
 
     def next_decision() -> Decision | None:
         """The next cycle's decision, or None where the policy steps plainly next."""
@@ -122,8 +135,8 @@ def pipelined_cycles(
             next_staged=nxt,
             kv_trimmed=c.verified - a,
             gdn_replayed=0,
-            draft_ms=min(c.draft_ms, cycle_ms),
-            verify_ms=max(0.0, cycle_ms - c.draft_ms),
+            draft_ms=min(c.launch_ms, cycle_ms),  # the host's part; the device's shows as the verify's
+            verify_ms=max(0.0, cycle_ms - c.launch_ms),
             rollback_ms=0.0,
             t=now - t0,
             decision=c.decision,
@@ -141,3 +154,83 @@ def pipelined_cycles(
     target.off_device(held)
     ctx.off_device(held)
     return staged
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled cycles. A small target's step on a GPU is the host's time: Python building a graph of
+# ~800 operations, then their launches. With caches of a fixed size (device_cache's `capacity`) a
+# drafted cycle's graph has the same shapes every time, so mx.compile records it once and each
+# call replays it (no Python per operation, elementwise chains fused into single kernels).
+# ---------------------------------------------------------------------------------------------
+
+
+def capacity_for(positions: int) -> int:
+    """The fixed cache size for a run that writes up to `positions`: a power of two, at least 512,
+    so that runs of similar length share their compiled graphs."""
+    return max(512, 1 << (positions - 1).bit_length())
+
+
+def _state(target, ctx) -> list:
+    """What a cycle reads and writes: both lengths, then every cache buffer."""
+    caches = target.cache + ctx.caches
+    return [caches[0].length.offset, ctx.device_length.offset] + [x for c in caches for x in (c.keys, c.values)]
+
+
+def _load(target, ctx, state: list):
+    """Put `state` (as _state lists it) into the caches."""
+    target_offset, ctx_offset, *buffers = state
+    target.cache[0].length.set(target_offset)
+    ctx.device_length.set(ctx_offset)
+    ctx.length = ctx_offset
+    for c, k, v in zip(target.cache + ctx.caches, buffers[::2], buffers[1::2]):
+        c.keys, c.values = k, v
+    ctx.kv = [(c.keys, c.values) for c in ctx.caches]
+
+
+class CompiledCycles:
+    """A pair's drafted cycle (pipelined_cycles' device_work) as compiled graphs, one per verified
+    count: the state goes in and comes out as arrays. A graph holds the weights it was traced with,
+    so one of these serves one (target, draft, head, block)."""
+
+    def __init__(self):
+        self._graphs = {}  # verified count -> the compiled function
+        self._run = None  # (device_work, target, ctx) of the call being traced
+        self._warm = False
+
+    def run(self, device_work, target, ctx, first: mx.array, v: int) -> tuple:
+        """device_work(first, v)'s outputs, its state updates made as it would make them."""
+        if not self._graphs and not self._warm:
+            # the first cycle runs as it is: it runs what evaluates once per process (the fused
+            # attention's self-checks), which a trace may not
+            self._warm = True
+            return device_work(first, v)
+        graph = self._graphs.get(v)
+        if graph is None:
+
+            def traced(first, *state):
+                work, tgt, cx = self._run
+                _load(tgt, cx, state)
+                return [*work(first, v), *_state(tgt, cx)]
+
+            graph = self._graphs[v] = mx.compile(traced)
+        bounds = target.cache[0].length.bound, ctx.device_length.bound
+        self._run = (device_work, target, ctx)
+        try:
+            out = graph(first, *_state(target, ctx))
+        finally:
+            self._run = None
+        outputs, state = out[:5], out[5:]
+        _load(target, ctx, state)
+        # the host's bounds advance as device_work's would (a replay runs no Python)
+        target.cache[0].length.bound, ctx.device_length.bound = (b + v + 1 for b in bounds)
+        return tuple(outputs)
+
+
+def compiled_cycles(target, draft, head, B: int) -> CompiledCycles:
+    """The CompiledCycles of this pair and block, made once (kept on the target, with the draft and
+    head it was made for)."""
+    key = (id(draft), id(head), B)
+    kept = target.compiled_cycles.get(key)
+    if kept is None:
+        kept = target.compiled_cycles[key] = (draft, head, CompiledCycles())
+    return kept[2]

@@ -172,6 +172,7 @@ class Target:
         self._gdn_ids = {i for i, _, _ in self.gdn_layers}  # cache indices rollback rebuilds
         self.cache = None
         self._tapes = None
+        self.compiled_cycles = {}  # pipeline.compiled_cycles: graphs traced on this target
 
     @staticmethod
     def _text_owner(model):
@@ -310,9 +311,10 @@ class Target:
         (a prefix snapshot) and that a DeviceKVCache can stand in for (pipelined cycles)."""
         return all(type(c) is KVCache for c in self.cache)
 
-    def on_device(self) -> DeviceLength:
-        """Caches whose length lives on the device (plain_kv targets; see device_cache)."""
-        self.cache, length = on_device(self.cache)
+    def on_device(self, capacity: int = None) -> DeviceLength:
+        """Caches whose length lives on the device (plain_kv targets; see device_cache), of a fixed
+        `capacity` where given."""
+        self.cache, length = on_device(self.cache, capacity)
         return length
 
     def off_device(self, length: int):

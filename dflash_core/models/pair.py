@@ -120,6 +120,7 @@ class Pair:
         policy=None,
         copy=False,
         pipelined=None,
+        compiled=None,
     ):
         """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread.
         policy None: policy.default_policy; the fixed policy's min_confidence None: the backend's
@@ -150,6 +151,7 @@ class Pair:
                 prefix_cache=self.prefix_cache,
                 copy=copy,
                 pipelined=pipelined,
+                compiled=compiled,
             ),
         )
 
