@@ -1,5 +1,6 @@
 """Lossless: DFlash emits exactly plain greedy decoding's tokens, whatever the draft proposes."""
 
+import itertools
 import random
 
 import mlx.core as mx
@@ -139,8 +140,13 @@ def test_a_run_ending_on_the_staged_token_takes_no_cycle_for_it(random_pairs, fa
     ids = pair.encode(PROMPTS[1], chat_template=False)
     _, free = run(pair.baseline(ids, 6 * B))
     oracle = OracleDraft(len(ids), free.tokens)
-    for budget, last_verified, last_committed in ((k * B + 1, B - 1, B + 1), (k * B + 4, 3, 4)):
-        cycles, ours = run(pair.dflash(ids, budget, B, draft_fn=oracle, policy="fixed"))
+    for (budget, last_verified, last_committed), piped in itertools.product(
+        ((k * B + 1, B - 1, B + 1), (k * B + 4, 3, 4)), (False, True)
+    ):
+        cycles, ours = run(
+            pair.dflash(ids, budget, B, draft_fn=oracle, policy="fixed", min_confidence=0.0, pipelined=piped)
+        )
+        assert ours.pipelined == (piped and not pair.target.hybrid)
         assert ours.tokens == free.tokens[:budget] and ours.stop_reason == "max_tokens"
         assert ours.cycles == len(cycles) == k + (budget > k * B + 1)
         assert cycles[-1].verified == last_verified and len(cycles[-1].committed) == last_committed
@@ -149,7 +155,9 @@ def test_a_run_ending_on_the_staged_token_takes_no_cycle_for_it(random_pairs, fa
     eos = free.tokens[k * B]
     _, base = run(baseline_generate(pair.model, ids, max_tokens=100, eos_ids={eos}))
     cycles, ours = run(
-        dflash_generate(pair.target, pair.draft, ids, max_tokens=100, block_size=B, eos_ids={eos}, draft_fn=oracle)
+        dflash_generate(
+            pair.target, pair.draft, ids, max_tokens=100, block_size=B, eos_ids={eos}, draft_fn=oracle, policy="fixed"
+        )
     )
     assert ours.tokens == base.tokens == free.tokens[: k * B + 1] and ours.stop_reason == "eos"
     assert ours.cycles == k

@@ -12,7 +12,7 @@ from code_prompts import PROMPTS
 import dflash_core.engine.cycle as cycle_module
 from dflash_core.benchmark import run_benchmark
 from dflash_core.engine import OracleDraft, accepted_length
-from dflash_core.engine.fused_attention import attention, reference_attention
+from dflash_core.engine.fused_attention import attention, gpu_backend, reference_attention
 from dflash_core.engine.pipeline import accepted_length_on_device, capacity_for
 from dflash_core.engine.target import rollback_kv
 from dflash_core.models.loading import load_pair
@@ -164,6 +164,10 @@ def test_pipelining_is_asked_for(random_pairs, monkeypatch):
     pair = random_pairs["llama"]
     ids = pair.encode(PROMPTS[0], chat_template=False)
     monkeypatch.delenv(cycle_module.PIPELINE_ENV, raising=False)
+    monkeypatch.delenv(cycle_module.COMPILE_ENV, raising=False)
+    on_cuda = gpu_backend() == "cuda"  # on by default there, where it was measured faster
+    assert run(pair.dflash(ids, 8, 4, policy="fixed", min_confidence=0.0))[1].pipelined == on_cuda
+    monkeypatch.setenv(cycle_module.PIPELINE_ENV, "0")
     assert not run(pair.dflash(ids, 8, 4, policy="fixed", min_confidence=0.0))[1].pipelined
     monkeypatch.setenv(cycle_module.PIPELINE_ENV, "1")
     assert run(pair.dflash(ids, 8, 4, policy="fixed", min_confidence=0.0))[1].pipelined
@@ -171,7 +175,9 @@ def test_pipelining_is_asked_for(random_pairs, monkeypatch):
     assert not run(pair.dflash(ids, 8, 4, policy="fixed", min_confidence=0.3))[1].pipelined
 
 
-def test_the_benchmark_runs_pipelined_cycles_side_by_side(random_pairs):
+def test_the_benchmark_runs_pipelined_cycles_side_by_side(random_pairs, monkeypatch):
+    for env in (cycle_module.PIPELINE_ENV, cycle_module.COMPILE_ENV):  # the main setting synchronous
+        monkeypatch.setenv(env, "0")
     res = run_benchmark(
         random_pairs["llama"],
         ["def fib(n):"],
@@ -190,7 +196,9 @@ def test_the_benchmark_runs_pipelined_cycles_side_by_side(random_pairs):
     assert res["summary"]["dflash_tps_median"] == sweep[0]["dflash_tps_median"]  # the main one: the default
 
 
-def test_the_benchmark_runs_compiled_cycles_side_by_side(random_pairs):
+def test_the_benchmark_runs_compiled_cycles_side_by_side(random_pairs, monkeypatch):
+    for env in (cycle_module.PIPELINE_ENV, cycle_module.COMPILE_ENV):  # the main setting synchronous
+        monkeypatch.setenv(env, "0")
     res = run_benchmark(
         random_pairs["llama"],
         ["def fib(n):"],

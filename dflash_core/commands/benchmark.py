@@ -46,13 +46,13 @@ def add_parser(sub):
         "--pipeline-sweep",
         action="store_true",
         help="also run DFlash with pipelined cycles (each launched before the last is read back) the "
-        "other way than the default (off; DFLASH_PIPELINE=1 turns them on) side by side",
+        "other way than the default (on for CUDA GPUs, else off; DFLASH_PIPELINE=0|1 sets it) side by side",
     )
     p.add_argument(
         "--compile-sweep",
         action="store_true",
         help="also run DFlash with pipelined cycles as compiled graphs the other way than the default "
-        "(off; DFLASH_PIPELINE=1 DFLASH_COMPILE_CYCLE=1 turn them on) side by side",
+        "(on for CUDA GPUs, else off; DFLASH_COMPILE_CYCLE=0|1 sets it) side by side",
     )
     add_sampling_args(p)
     p.add_argument(

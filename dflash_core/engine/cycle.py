@@ -8,6 +8,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream
 
 from .. import backend
+from . import fused_attention
 from .copy_source import MAX_COPY, CopySource
 from .draft import DraftContext, DraftModel
 from .events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent
@@ -32,17 +33,29 @@ PIPELINE_ENV = "DFLASH_PIPELINE"
 COMPILE_ENV = "DFLASH_COMPILE_CYCLE"
 
 
+def _switch(env: str) -> bool:
+    """An engine switch: its environment variable (0 or 1), or else on where it was measured faster
+    side by side: CUDA GPUs. On the 40 held-out requests on an H100 (3 repeats), pipelined cycles
+    compiled (both switches) read 1.53x median with the adaptive policy against 1.10x for the
+    synchronous cycle in the same run, every output identical (docs/benchmarks.md). On a CPU the
+    host cannot overlap the device (MLX's CPU backend evaluates inside async_eval), and Metal has
+    not been measured."""
+    value = os.environ.get(env)
+    if value in ("0", "1"):
+        return value == "1"
+    return fused_attention.gpu_backend() == "cuda"
+
+
 def pipeline_default() -> bool:
-    """Whether runs pipeline their cycles where they can: DFLASH_PIPELINE=1. Off by default until it
-    is measured faster: on an H100 it was lossless, and its speed against the synchronous cycle
-    was within that host's noise (docs/benchmarks.md; benchmark --pipeline-sweep measures it)."""
-    return os.environ.get(PIPELINE_ENV, "0") == "1"
+    """Whether runs pipeline their cycles where they can (dflash_core.engine.pipeline):
+    DFLASH_PIPELINE, else on CUDA."""
+    return _switch(PIPELINE_ENV)
 
 
 def compile_default() -> bool:
     """Whether pipelined cycles run as compiled graphs (pipeline.CompiledCycles):
-    DFLASH_COMPILE_CYCLE=1. Off by default until it is measured faster."""
-    return os.environ.get(COMPILE_ENV, "0") == "1"
+    DFLASH_COMPILE_CYCLE, else on CUDA."""
+    return _switch(COMPILE_ENV)
 
 
 def _finish(tokens: list, new: list, max_tokens: int, eos: set):

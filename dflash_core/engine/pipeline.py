@@ -91,9 +91,11 @@ def pipelined_cycles(
         ctx.extend(taps, kept=accepted + 1)
         return proposals, sure, posterior, accepted, mx.take(posterior, accepted)
 
-    def launch(decision: Decision, staged_token: mx.array) -> Launched:
+    def launch(decision: Decision, staged_token: mx.array, room: int) -> Launched:
+        """Cycle on its way; `room`: the tokens the budget surely has left when it commits (the
+        last cycle verifies no more proposals than fit after its staged token)."""
         t = time.perf_counter()
-        first, v = staged_token.reshape(1), decision.verified
+        first, v = staged_token.reshape(1), min(decision.verified, room - 1)
         if graphs is None:
             outputs = device_work(first, v)
         else:
@@ -106,15 +108,17 @@ def pipelined_cycles(
         return None if rule.before_draft() is not None else rule.after_draft(None)
 
     t_read = time.perf_counter()
-    inflight = launch(rule.after_draft(None), mx.array(staged, dtype=mx.int32))
+    inflight = launch(rule.after_draft(None), mx.array(staged, dtype=mx.int32), budget())
     while True:
-        # the next cycle, built on this one's outputs; not where this one surely ends the run (it
-        # commits a token at least, and the next staged one where that fills the budget), nor
-        # after a probe (plain_streak > 0), whose outcome decides whether drafting goes on
+        # the next cycle, built on this one's outputs; not after a probe (plain_streak > 0), whose
+        # outcome decides whether drafting goes on, nor where the budget may end within it (this
+        # one commits 1 to verified + 1 tokens): it then waits, to verify only what fits
         ahead = None
-        if budget() > 2 and not rule.plain_streak:
+        if not rule.plain_streak:
             decision = next_decision()
-            ahead = None if decision is None else launch(decision, inflight.next_staged)
+            room = budget() - inflight.verified - 1
+            if decision is not None and room > decision.verified:
+                ahead = launch(decision, inflight.next_staged, room)
         c = inflight
         drafted, confidence, posterior = c.proposals.tolist(), c.confidence.tolist(), c.posterior.tolist()
         a, nxt = c.accepted.item(), c.next_staged.item()
@@ -149,7 +153,7 @@ def pipelined_cycles(
             decision = next_decision()
             if decision is None:
                 break
-            ahead = launch(decision, c.next_staged)
+            ahead = launch(decision, c.next_staged, budget())
         inflight = ahead
     target.off_device(held)
     ctx.off_device(held)
