@@ -123,7 +123,8 @@ def test_compiled_cycles_are_lossless(random_pairs, family):
 
 
 def test_compiled_caches_have_one_size_per_bucket():
-    assert [capacity_for(n) for n in (1, 300, 512, 513, 3000)] == [512, 512, 512, 1024, 4096]
+    sizes = (1, 300, 512, 513, 3000, 4096, 4097, 30000)
+    assert [capacity_for(n) for n in sizes] == [512, 512, 512, 1024, 4096, 4096, 8192, 32768]
 
 
 @pytest.mark.slow

@@ -168,9 +168,15 @@ def pipelined_cycles(
 # ---------------------------------------------------------------------------------------------
 
 
+CAPACITY_STEP = 4096
+
+
 def capacity_for(positions: int) -> int:
-    """The fixed cache size for a run that writes up to `positions`: a power of two, at least 512,
-    so that runs of similar length share their compiled graphs."""
+    """The fixed cache size for a run that writes up to `positions`, so that runs of similar length
+    share their compiled graphs: a power of two from 512 to CAPACITY_STEP, then a multiple of it
+    (a long context's cache is large: doubling it would waste up to half)."""
+    if positions > CAPACITY_STEP:
+        return -(-positions // CAPACITY_STEP) * CAPACITY_STEP
     return max(512, 1 << (positions - 1).bit_length())
 
 
