@@ -176,8 +176,11 @@ def test_pipelining_is_asked_for(random_pairs, monkeypatch):
     assert not run(pair.dflash(ids, 8, 4, policy="fixed", min_confidence=0.3))[1].pipelined
 
 
-def test_the_benchmark_runs_pipelined_cycles_side_by_side(random_pairs, monkeypatch):
-    for env in (cycle_module.PIPELINE_ENV, cycle_module.COMPILE_ENV):  # the main setting synchronous
+@pytest.mark.parametrize("sweep", ["pipeline_sweep", "compile_sweep"])
+def test_the_benchmark_runs_the_cycles_side_by_side(random_pairs, monkeypatch, sweep):
+    """--pipeline-sweep: pipelined (and on CUDA compiled) against synchronous; --compile-sweep:
+    pipelined and compiled against synchronous, with the main setting synchronous here."""
+    for env in (cycle_module.PIPELINE_ENV, cycle_module.COMPILE_ENV):
         monkeypatch.setenv(env, "0")
     res = run_benchmark(
         random_pairs["llama"],
@@ -187,32 +190,15 @@ def test_the_benchmark_runs_pipelined_cycles_side_by_side(random_pairs, monkeypa
         log=lambda *a: None,
         policy="fixed",
         min_confidence=0.0,
-        pipeline_sweep=True,
+        **{sweep: True},
     )
     dflash = [r for r in res["runs"] if r["engine"] == "dflash"]
-    assert sorted((r["pipeline"], r["pipelined"]) for r in dflash) == [(False, False), (True, True)]
-    assert all(r["identical"] for r in dflash)
-    sweep = res["summary"]["pipeline_sweep"]
-    assert [s["pipeline"] for s in sweep] == [False, True]
-    assert res["summary"]["dflash_tps_median"] == sweep[0]["dflash_tps_median"]  # the main one: the default
-
-
-def test_the_benchmark_runs_compiled_cycles_side_by_side(random_pairs, monkeypatch):
-    for env in (cycle_module.PIPELINE_ENV, cycle_module.COMPILE_ENV):  # the main setting synchronous
-        monkeypatch.setenv(env, "0")
-    res = run_benchmark(
-        random_pairs["llama"],
-        ["def fib(n):"],
-        max_tokens=16,
-        repeat=1,
-        log=lambda *a: None,
-        policy="fixed",
-        min_confidence=0.0,
-        compile_sweep=True,
-    )
-    dflash = [r for r in res["runs"] if r["engine"] == "dflash"]
-    assert sorted((r["pipeline"], r["compile"], r["compiled"]) for r in dflash) == [
-        (False, False, False),
-        (True, True, True),
+    compiled = sweep == "compile_sweep"
+    assert sorted((r["pipeline"], r["pipelined"], r["compile"], r["compiled"]) for r in dflash) == [
+        (False, False, False, False),
+        (True, True, compiled, compiled),
     ]
-    assert [row["compiled"] for row in res["summary"]["compile_sweep"]] == [False, True]
+    assert all(r["identical"] for r in dflash)
+    rows = res["summary"][sweep]
+    assert [row["compiled" if compiled else "pipeline"] for row in rows] == [False, True]
+    assert res["summary"]["dflash_tps_median"] == rows[0]["dflash_tps_median"]  # the main one: synchronous
