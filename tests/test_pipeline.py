@@ -120,6 +120,8 @@ def test_compiled_cycles_are_lossless(random_pairs, family):
             assert ours.compiled and ours.plain_steps < ours.cycles
     ((_, _, graphs),) = pair.target.compiled_cycles.values()
     assert graphs._graphs  # cycles ran as compiled graphs, not only the first one as it is
+    # one trace per verified count: the second prompt's runs (the same cache size) replayed them
+    assert graphs.traces == len(graphs._graphs)
 
 
 def test_compiled_caches_have_one_size_per_bucket():

@@ -206,6 +206,7 @@ class CompiledCycles:
         self._graphs = {}  # verified count -> the compiled function
         self._run = None  # (device_work, target, ctx) of the call being traced
         self._warm = False
+        self.traces = 0  # graphs traced: one per verified count and cache size, however many runs
 
     def run(self, device_work, target, ctx, first: mx.array, v: int) -> tuple:
         """device_work(first, v)'s outputs, its state updates made as it would make them."""
@@ -218,6 +219,7 @@ class CompiledCycles:
         if graph is None:
 
             def traced(first, *state):
+                self.traces += 1
                 work, tgt, cx = self._run
                 _load(tgt, cx, state)
                 return [*work(first, v), *_state(tgt, cx)]
