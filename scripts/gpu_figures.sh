@@ -16,6 +16,11 @@
 #   bash scripts/gpu_figures.sh heldout   the default pair on all 40 held-out chat requests, float32:
 #                                          the adaptive policy side by side with the fixed one
 #                                          (REPEAT=N repeats, default 3)
+#   bash scripts/gpu_figures.sh compiled  the cycle as CUDA runs it by default (pipelined, compiled)
+#                                          against pipelined and synchronous cycles on five held-out
+#                                          requests (pipeline_probe.py), then all 40 with the
+#                                          adaptive policy beside the fixed one and the synchronous
+#                                          cycle (REPEAT=N, default 2), after a warm-up process
 #   bash scripts/gpu_figures.sh graphs    MLX CUDA's graph settings (MLX_CUDA_GRAPH_CACHE_SIZE,
 #                                          MLX_MAX_OPS_PER_BUFFER) on the first 12 held-out requests,
 #                                          one repeat each (GRAPH_SETTINGS="CACHE:OPS ..."), the adaptive policy beside the fixed one
@@ -69,6 +74,16 @@ overlap)
 heldout)
   DFLASH_DTYPE=float32 piece h200-smollm2-135m-policy 560 --prompts assets/prompts/chat_heldout.json \
     --policy adaptive --policy-sweep fixed --repeat "${REPEAT:-3}"
+  ;;
+compiled)
+  export DFLASH_DTYPE=float32
+  # a fresh machine compiles MLX's kernels, and the compiled cycles' fused ones, in its first
+  # process (minutes; kept on disk for later processes): a short run of every policy pays it here
+  piece compiled-warm-up 150 --prompt "Hello" --max-tokens 64 --repeat 1 --policy adaptive --policy-sweep fixed
+  run compiled-probe 150 $py scripts/pipeline_probe.py --every 8 --modes compiled,pipelined,synchronous \
+    --save "$out/compiled-probe.json"
+  piece smollm2-135m-compiled 290 --prompts assets/prompts/chat_heldout.json --policy adaptive \
+    --policy-sweep fixed --pipeline-sweep --repeat "${REPEAT:-2}"
   ;;
 graphs)
   export DFLASH_DTYPE=float32
