@@ -431,11 +431,7 @@ class Policy:
             self.target_sure.append(ev.confidence[0])
             return
         self.acceptance.observe(ev)
-        # the rate counts a cycle at the cost model's seconds for its v (which this cycle just
-        # updated), not its own: a cycle that starts or ends a pipelined stretch (an H100's compiled
-        # cycles: ~1.6 plain steps a cycle within a stretch, more for its first and last) would
-        # otherwise judge drafting by the transition's cost and step plainly where drafting pays
-        self.rate.add(tokens, self.costs.cycle_s(ev.verified))
+        self.rate.add(tokens, seconds)
         self.drafted_any = True
         self.since_plain = None if self.since_plain is None else self.since_plain + 1
         paid = self._pays()
