@@ -62,11 +62,11 @@ def pipelined_cycles(
     device-side bookkeeping). Each cycle goes to `record(**fields)` (cycle.dflash_generate's) and
     its event is yielded; returns the staged token. `budget()`: tokens still to commit. `oracle`:
     a cycle.OracleDraft proposes instead of the draft. `compiled`: the draft's cycles run as
-    compiled graphs (CompiledCycles). At the end the caches are mlx-lm's again,
+    compiled graphs (CompiledCycles; dflash_generate asks for them only without an oracle). At the end the caches are mlx-lm's again,
     holding every kept token."""
     B, mask_id = rule.B, draft.config.mask_token_id
     held = target.cache[0].offset  # the target cache's (and the draft context's) length, as read so far
-    graphs = compiled_cycles(target, draft, head, B) if compiled and oracle is None else None
+    graphs = compiled_cycles(target, draft, head, B) if compiled else None
     # a compiled cycle's caches have one size for the run: every position it may write (the
     # budget, and the rows of the two cycles in flight)
     capacity = None if graphs is None else capacity_for(held + budget() + 3 * (B + 1))
@@ -210,7 +210,7 @@ class CompiledCycles:
 
     def run(self, device_work, target, ctx, first: mx.array, v: int) -> tuple:
         """device_work(first, v)'s outputs, its state updates made as it would make them."""
-        if not self._graphs and not self._warm:
+        if not self._warm:
             # the first cycle runs as it is: it runs what evaluates once per process (the fused
             # attention's self-checks), which a trace may not
             self._warm = True
