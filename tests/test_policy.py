@@ -7,10 +7,12 @@ import mlx.core as mx
 import pytest
 from code_prompts import PROMPTS
 from test_engine import MORE_ARCHITECTURES, _corrupting_draft, architecture_dirs, run  # noqa: F401 (a fixture)
+from test_pipeline import PLAIN_KV
 from test_sampling import CHI2_999, chi_square, sharp_pair, target_two_tokens  # noqa: F401 (a fixture)
 
 from dflash_core.engine import cycle as engine
 from dflash_core.engine import policy as policy_module
+from dflash_core.engine.cycle import OracleDraft
 from dflash_core.engine.events import CONFIDENCE_EDGES, CycleEvent, Decision
 from dflash_core.engine.policy import (
     CALIBRATION_STEPS,
@@ -251,16 +253,24 @@ class ScriptedPolicy(Policy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.reads_confidence = not self.blind
-        self.streaks = itertools.cycle([0, 1, 0, 3, 2, 0])
+        self.streaks, self.streak = itertools.cycle([0, 1, 0, 3, 2, 0]), None
         self.sizes = itertools.cycle(range(self.B))
 
     def before_draft(self):
-        self.streak = next(self.streaks)
+        # asked again until a drafted cycle is observed (a pipelined run asks before it has read
+        # the cycle in flight, and again after)
+        if self.streak is None:
+            self.streak = next(self.streaks)
         return Decision(0, True, 1.0, 1.0, 1.0, "scripted plain step") if self.streak else None
 
     def keep_plain(self):
         self.streak -= 1
         return self.streak > 0
+
+    def observe(self, ev, seconds):
+        super().observe(ev, seconds)
+        if not ev.decision.plain_step:
+            self.streak = None
 
     def after_draft(self, confidence):
         return Decision(next(self.sizes), False, 1.0, 1.0, 1.0, "scripted")
@@ -291,8 +301,11 @@ def test_interleaved_plain_steps_and_every_verify_size_are_lossless(random_pairs
     for prompt in PROMPTS[:2]:
         ids = pair.encode(prompt, chat_template=False)
         _, base = run(pair.baseline(ids, 48))
-        for draft_fn in (None, _corrupting_draft(base.tokens, len(ids), vocab, random.Random(2), "partly")):
-            cycles, ours = run(pair.dflash(ids, 48, 6, draft_fn=draft_fn, policy="adaptive"))
+        oracle = OracleDraft(len(ids), base.tokens)  # proposes on the device too: pipelined cycles
+        corrupting = _corrupting_draft(base.tokens, len(ids), vocab, random.Random(2), "partly")
+        for draft_fn in (None, corrupting, oracle):
+            cycles, ours = run(pair.dflash(ids, 48, 6, draft_fn=draft_fn, policy="adaptive", pipelined=True))
+            assert ours.pipelined == (family in PLAIN_KV and draft_fn is not corrupting)
             assert ours.tokens == base.tokens, (family, prompt)
             assert [t for ev in cycles for t in ev.committed] == ours.tokens
             assert ours.plain_steps == sum(ev.plain_step for ev in cycles)

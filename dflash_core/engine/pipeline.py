@@ -35,8 +35,8 @@ class Launched:
 
     decision: Decision
     verified: int
-    proposals: mx.array
-    confidence: mx.array  # the draft's probability of each proposal
+    drafted: mx.array  # the whole block's proposals; the first `verified` are verified
+    confidence: mx.array  # the draft's probability of each
     posterior: mx.array
     accepted: mx.array
     next_staged: mx.array
@@ -76,20 +76,22 @@ def pipelined_cycles(
         """The cycle's graph from the staged token `first` (1,), v proposals verified: its outputs
         as arrays, both caches advanced by the kept rows on the device."""
         if oracle is not None:  # the target's own continuation, as sure as can be
-            proposals, sure = oracle.on_device(target_length.offset, v).astype(first.dtype), mx.ones(v)
+            drafted, sure = oracle.on_device(target_length.offset, B - 1).astype(first.dtype), mx.ones(B - 1)
         else:  # draft: one forward over [staged, MASK x (B-1)]
             block = target.embed(mx.concatenate([first, mx.full((B - 1,), mask_id, dtype=first.dtype)]))[None]
             logits = head.logits(draft.propose(block, ctx.kv, ctx.length, ctx.visible(B))[:, 1:])[0]
-            proposals = head.token_ids(mx.argmax(logits, axis=-1))[:v].astype(first.dtype)
-            sure = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))[:v]
+            drafted = head.token_ids(mx.argmax(logits, axis=-1)).astype(first.dtype)
+            sure = mx.exp(mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1))
         # verify: one target forward over [staged, d0 .. d(v-1)]
-        logits, taps = target.verify(mx.concatenate([first, proposals]))
+        proposals = drafted[:v]
+        logits, taps = target.verify(mx.concatenate([first, proposals]) if v else first)
         posterior = mx.argmax(logits, axis=-1).astype(first.dtype)
         # accept, commit and roll back on the device: both caches advance by the kept rows only
-        accepted = accepted_length_on_device(proposals, posterior)
+        # (no scan over nothing where v = 0: MLX's CUDA kernels fault on empty arrays)
+        accepted = accepted_length_on_device(proposals, posterior) if v else mx.array(0, dtype=first.dtype)
         target_length.advance(accepted + 1, v + 1)
         ctx.extend(taps, kept=accepted + 1)
-        return proposals, sure, posterior, accepted, mx.take(posterior, accepted)
+        return drafted, sure, posterior, accepted, mx.take(posterior, accepted)
 
     def launch(decision: Decision, staged_token: mx.array, room: int) -> Launched:
         """Cycle on its way; `room`: the tokens the budget surely has left when it commits (the
@@ -120,7 +122,7 @@ def pipelined_cycles(
             if decision is not None and room > decision.verified:
                 ahead = launch(decision, inflight.next_staged, room)
         c = inflight
-        drafted, confidence, posterior = c.proposals.tolist(), c.confidence.tolist(), c.posterior.tolist()
+        drafted, confidence, posterior = c.drafted.tolist(), c.confidence.tolist(), c.posterior.tolist()
         a, nxt = c.accepted.item(), c.next_staged.item()
         now = time.perf_counter()
         cycle_ms = (now - t_read) * 1e3  # one cycle's share of the pipeline's time
