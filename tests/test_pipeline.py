@@ -105,7 +105,7 @@ def test_pipelined_cycles_are_lossless(random_pairs, family):
 @pytest.mark.parametrize("family", PLAIN_KV)
 def test_compiled_cycles_are_lossless(random_pairs, family):
     """Pipelined cycles as compiled graphs (pipeline.CompiledCycles): plain greedy's tokens, with
-    plain steps interleaved and verifies of several sizes, over two prompts whose runs reuse the
+    plain steps (compiled too) interleaved and verifies of several sizes, over two prompts whose runs reuse the
     graphs traced by the first."""
     pair = random_pairs[family]
     pair.target.compiled_cycles.clear()
@@ -120,7 +120,9 @@ def test_compiled_cycles_are_lossless(random_pairs, family):
             assert ours.compiled and ours.plain_steps < ours.cycles
     ((_, _, graphs),) = pair.target.compiled_cycles.values()
     assert graphs._graphs  # cycles ran as compiled graphs, not only the first one as it is
-    # one trace per verified count: the second prompt's runs (the same cache size) replayed them
+    assert "plain" in graphs._graphs  # the adaptive policy's plain steps ran in the pipeline, compiled
+    # one trace per verified count and one for a plain step: the second prompt's runs (the same
+    # cache size) replayed them
     assert graphs.traces == len(graphs._graphs)
 
 

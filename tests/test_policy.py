@@ -253,24 +253,16 @@ class ScriptedPolicy(Policy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.reads_confidence = not self.blind
-        self.streaks, self.streak = itertools.cycle([0, 1, 0, 3, 2, 0]), None
+        self.streaks = itertools.cycle([0, 1, 0, 3, 2, 0])
         self.sizes = itertools.cycle(range(self.B))
 
     def before_draft(self):
-        # asked again until a drafted cycle is observed (a pipelined run asks before it has read
-        # the cycle in flight, and again after)
-        if self.streak is None:
-            self.streak = next(self.streaks)
+        self.streak = next(self.streaks)
         return Decision(0, True, 1.0, 1.0, 1.0, "scripted plain step") if self.streak else None
 
     def keep_plain(self):
         self.streak -= 1
         return self.streak > 0
-
-    def observe(self, ev, seconds):
-        super().observe(ev, seconds)
-        if not ev.decision.plain_step:
-            self.streak = None
 
     def after_draft(self, confidence):
         return Decision(next(self.sizes), False, 1.0, 1.0, 1.0, "scripted")

@@ -11,7 +11,7 @@ from .. import backend
 from . import fused_attention
 from .copy_source import MAX_COPY, CopySource
 from .draft import DraftContext, DraftModel
-from .events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent
+from .events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent, plain_step_fields
 from .pipeline import pipelined_cycles
 from .policy import AcceptancePredictor, CostModel, Policy, probe_costs
 from .prefix_cache import PrefixCache, prefill
@@ -165,6 +165,21 @@ def dflash_generate(
     pipelined = pipelinable and (pipeline_default() if pipelined is None else pipelined)
     compiled = pipelined and draft_fn is None and (compile_default() if compiled is None else compiled)
 
+    if pipelined:  # every cycle, drafted or plain, launched before the last one is read
+        staged = yield from pipelined_cycles(
+            target,
+            draft,
+            head,
+            ctx,
+            rule,
+            staged,
+            record,
+            stopped=lambda: stop is not None,
+            budget=lambda: max_tokens - len(tokens),
+            t0=t0,
+            oracle=draft_fn,
+            compiled=compiled,
+        )
     while stop is None:
         t = time.perf_counter()
         copied = copies.propose(staged, most_rows - 1) if copies else None
@@ -182,7 +197,7 @@ def dflash_generate(
                 pending.append(taps)
                 now = time.perf_counter()
                 committed, staged = [staged], token
-                cycle = _plain_cycle(committed, token, sure, decision, (now - t_step) * 1e3, now - t0)
+                cycle = plain_step_fields(committed, token, sure, decision, (now - t_step) * 1e3, now - t0)
                 yield record(**cycle)
                 t_step = time.perf_counter()  # the consumer's time is not the step's
                 if stop is not None:
@@ -190,22 +205,6 @@ def dflash_generate(
             if plain_threads and threads:
                 backend.set_blas_threads(threads)
             ctx.extend([mx.concatenate(hs, axis=1) for hs in zip(*pending)])
-            continue
-        if pipelined:  # drafted cycles, each launched before the last is read, until the policy steps plainly
-            staged = yield from pipelined_cycles(
-                target,
-                draft,
-                head,
-                ctx,
-                rule,
-                staged,
-                record,
-                stopped=lambda: stop is not None,
-                budget=lambda: max_tokens - len(tokens),
-                t0=t0,
-                oracle=draft_fn,
-                compiled=compiled,
-            )
             continue
 
         # draft: one forward over [staged, MASK x (B-1)] proposes B-1 tokens
@@ -346,28 +345,6 @@ def _plain_steps(target: Target, staged: int, keep_going: Callable[[], bool], sa
         yield token.item(), sure.item(), taps
         if not more:
             return
-
-
-def _plain_cycle(committed: list, token: int, sure: float, decision, step_ms: float, t: float) -> dict:
-    """A plain step's CycleEvent fields: nothing drafted, the staged token checked alone; its
-    `confidence` is the target's own probability of the token it chose."""
-    return dict(
-        staged_token=committed[0],
-        drafted=[],
-        confidence=[sure],
-        verified=0,
-        posterior=[token],
-        accepted_len=0,
-        committed=committed,
-        next_staged=token,
-        kv_trimmed=0,
-        gdn_replayed=0,
-        draft_ms=0.0,
-        verify_ms=step_ms,
-        rollback_ms=0.0,
-        t=t,
-        decision=decision,
-    )
 
 
 def baseline_generate(

@@ -94,6 +94,28 @@ class CycleEvent:
         return self.cycle_ms / self.decision.step_ms if self.decision else None
 
 
+def plain_step_fields(committed: list, token: int, sure: float, decision, step_ms: float, t: float) -> dict:
+    """A plain step's CycleEvent fields: nothing drafted, the staged token checked alone; its
+    `confidence` is the target's own probability of the token it chose."""
+    return dict(
+        staged_token=committed[0],
+        drafted=[],
+        confidence=[sure],
+        verified=0,
+        posterior=[token],
+        accepted_len=0,
+        committed=committed,
+        next_staged=token,
+        kv_trimmed=0,
+        gdn_replayed=0,
+        draft_ms=0.0,
+        verify_ms=step_ms,
+        rollback_ms=0.0,
+        t=t,
+        decision=decision,
+    )
+
+
 @dataclass
 class CycleTally:
     """The running statistics of a DFlash run, kept one cycle at a time: the engine's summary and

@@ -7,8 +7,8 @@ plain steps (docs/benchmarks.md), with only 29 operations more than a step, whos
 built while it computes. Here acceptance is computed on the device, the staged token is
 taken there, and the caches keep their length there (dflash_core.engine.device_cache), so cycle
 N + 1 is built on cycle N's outputs before they exist. The policy decides each cycle from the
-cycles read so far: one behind. Plain steps stay the synchronous loop's (cycle.dflash_generate):
-they are pipelined already, as plain decoding's are.
+cycles read so far: one behind. Its plain steps run here too, on the same caches, so a run that
+moves between drafting and plain steps never drains the pipeline nor converts its caches.
 
 Greedy only; targets whose caches are all mlx-lm's KVCache; drafts without sliding layers.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .events import Decision
+from .events import Decision, plain_step_fields
 from .policy import Policy
 
 
@@ -31,14 +31,15 @@ def accepted_length_on_device(proposals: mx.array, posterior: mx.array) -> mx.ar
 
 @dataclass
 class Launched:
-    """A cycle on its way: its decision, and its outputs as arrays not yet read."""
+    """A cycle on its way: its decision, and its outputs as arrays not yet read. A plain step has
+    no `drafted` nor `accepted`; its confidence is the target's probability of its token."""
 
     decision: Decision
     verified: int
-    drafted: mx.array  # the whole block's proposals; the first `verified` are verified
+    drafted: mx.array | None  # the whole block's proposals; the first `verified` are verified
     confidence: mx.array  # the draft's probability of each
     posterior: mx.array
-    accepted: mx.array
+    accepted: mx.array | None
     next_staged: mx.array
     launch_ms: float  # the host's time to build and launch the cycle's graph
 
@@ -57,13 +58,12 @@ def pipelined_cycles(
     oracle=None,
     compiled: bool = False,
 ):
-    """Drafted cycles from `staged`, until `stopped()` or until the policy would step plainly
-    (plain steps are the synchronous loop's: pipelined already, and without the drafted cycle's
-    device-side bookkeeping). Each cycle goes to `record(**fields)` (cycle.dflash_generate's) and
-    its event is yielded; returns the staged token. `budget()`: tokens still to commit. `oracle`:
-    a cycle.OracleDraft proposes instead of the draft. `compiled`: the draft's cycles run as
-    compiled graphs (CompiledCycles; dflash_generate asks for them only without an oracle). At the end the caches are mlx-lm's again,
-    holding every kept token."""
+    """The run's cycles from `staged`, drafted ones and plain steps as the policy decides, until
+    `stopped()`. Each cycle goes to `record(**fields)` (cycle.dflash_generate's) and its event is
+    yielded; returns the staged token. `budget()`: tokens still to commit. `oracle`: a
+    cycle.OracleDraft proposes instead of the draft. `compiled`: the cycles run as compiled graphs
+    (CompiledCycles; dflash_generate asks for them only without an oracle). At the end the caches
+    are mlx-lm's again, holding every kept token."""
     B, mask_id = rule.B, draft.config.mask_token_id
     held = target.cache[0].offset  # the target cache's (and the draft context's) length, as read so far
     graphs = compiled_cycles(target, draft, head, B) if compiled else None
@@ -93,70 +93,94 @@ def pipelined_cycles(
         ctx.extend(taps, kept=accepted + 1)
         return drafted, sure, posterior, accepted, mx.take(posterior, accepted)
 
+    def plain_work(first: mx.array) -> tuple:
+        """A plain step's graph: the target checks the staged token alone (no draft forward); its
+        taps still extend the draft's context, so that the next drafted cycle can draft."""
+        logits, taps = target.step(first)
+        token = mx.argmax(logits, keepdims=True).astype(first.dtype)
+        sure = mx.exp(mx.max(logits) - mx.logsumexp(logits)).reshape(1)
+        target_length.advance(1, 1)
+        ctx.extend(taps, kept=1)
+        return sure, token, token[0]
+
     def launch(decision: Decision, staged_token: mx.array, room: int) -> Launched:
         """Cycle on its way; `room`: the tokens the budget surely has left when it commits (the
         last cycle verifies no more proposals than fit after its staged token)."""
         t = time.perf_counter()
-        first, v = staged_token.reshape(1), min(decision.verified, room - 1)
-        if graphs is None:
-            outputs = device_work(first, v)
+        first = staged_token.reshape(1)
+        if decision.plain_step:
+            v, work = 0, plain_work
         else:
-            outputs = graphs.run(device_work, target, ctx, first, v)
+            v = min(decision.verified, room - 1)
+            work = lambda first: device_work(first, v)  # noqa: E731 (the graph's key is v)
+        key = "plain" if decision.plain_step else v
+        outputs = work(first) if graphs is None else graphs.run(work, key, v + 1, target, ctx, first)
         mx.async_eval(*outputs, target_length.offset, ctx.length)
+        if decision.plain_step:
+            sure, token, next_staged = outputs
+            outputs = (None, sure, token, None, next_staged)
         return Launched(decision, v, *outputs, (time.perf_counter() - t) * 1e3)
 
-    def next_decision() -> Decision | None:
-        """The next cycle's decision, or None where the policy steps plainly next."""
-        return None if rule.before_draft() is not None else rule.after_draft(None)
+    streak = None  # the Decision of the plain steps in progress (each plain step carries it)
+
+    def decide(after_plain: bool) -> Decision:
+        """The next cycle's decision, as the synchronous loop would make it: after a plain step,
+        plain steps go on while keep_plain says so (asked with one step in flight)."""
+        nonlocal streak
+        if not after_plain or not rule.keep_plain():
+            streak = rule.before_draft() if not after_plain else None
+        return streak or rule.after_draft(None)
 
     t_read = time.perf_counter()
-    inflight = launch(rule.after_draft(None), mx.array(staged, dtype=mx.int32), budget())
+    inflight = launch(decide(False), mx.array(staged, dtype=mx.int32), budget())
     while True:
-        # the next cycle, built on this one's outputs; not after a probe (plain_streak > 0), whose
-        # outcome decides whether drafting goes on, nor where the budget may end within it (this
-        # one commits 1 to verified + 1 tokens): it then waits, to verify only what fits
-        ahead = None
-        if not rule.plain_streak:
-            decision = next_decision()
-            room = budget() - inflight.verified - 1
-            if decision is not None and room > decision.verified:
-                ahead = launch(decision, inflight.next_staged, room)
-        c = inflight
-        drafted, confidence, posterior = c.drafted.tolist(), c.confidence.tolist(), c.posterior.tolist()
-        a, nxt = c.accepted.item(), c.next_staged.item()
+        # the next cycle, built on this one's outputs, except after a probe (a drafted cycle after
+        # plain steps), whose outcome decides whether drafting goes on; where the budget may end
+        # within this one (it commits 1 to verified + 1 tokens) the next waits, to verify only what
+        # fits
+        c, ahead, waiting = inflight, None, None
+        plain = c.decision.plain_step
+        if not (not plain and rule.plain_streak):
+            decision = decide(plain)
+            room = budget() - c.verified - 1
+            if room > decision.verified:
+                ahead = launch(decision, c.next_staged, room)
+            else:
+                waiting = decision
+        confidence, posterior, nxt = c.confidence.tolist(), c.posterior.tolist(), c.next_staged.item()
         now = time.perf_counter()
         cycle_ms = (now - t_read) * 1e3  # one cycle's share of the pipeline's time
         t_read = now
-        target_length.settle(c.verified - a)
-        ctx_length.settle(c.verified - a)
-        held += a + 1
-        yield record(
-            staged_token=staged,
-            drafted=drafted,
-            confidence=confidence,
-            verified=c.verified,
-            posterior=posterior,
-            accepted_len=a,
-            committed=[staged] + drafted[:a],
-            next_staged=nxt,
-            kv_trimmed=c.verified - a,
-            gdn_replayed=0,
-            draft_ms=min(c.launch_ms, cycle_ms),  # the host's part; the device's shows as the verify's
-            verify_ms=max(0.0, cycle_ms - c.launch_ms),
-            rollback_ms=0.0,
-            t=now - t0,
-            decision=c.decision,
-        )
+        if plain:
+            held += 1
+            yield record(**plain_step_fields([staged], nxt, confidence[0], c.decision, cycle_ms, now - t0))
+        else:
+            drafted, a = c.drafted.tolist(), c.accepted.item()
+            target_length.settle(c.verified - a)
+            ctx_length.settle(c.verified - a)
+            held += a + 1
+            yield record(
+                staged_token=staged,
+                drafted=drafted,
+                confidence=confidence,
+                verified=c.verified,
+                posterior=posterior,
+                accepted_len=a,
+                committed=[staged] + drafted[:a],
+                next_staged=nxt,
+                kv_trimmed=c.verified - a,
+                gdn_replayed=0,
+                draft_ms=min(c.launch_ms, cycle_ms),  # the host's part; the device's shows as the verify's
+                verify_ms=max(0.0, cycle_ms - c.launch_ms),
+                rollback_ms=0.0,
+                t=now - t0,
+                decision=c.decision,
+            )
         staged = nxt
         if stopped():
             mx.synchronize()  # a cycle launched ahead of the end is this run's work
             break
-        if ahead is None:
-            decision = next_decision()
-            if decision is None:
-                break
-            ahead = launch(decision, c.next_staged, budget())
-        inflight = ahead
+        inflight = ahead or launch(waiting or decide(plain), c.next_staged, budget())
     target.off_device(held)
     ctx.off_device(held)
     return staged
@@ -200,44 +224,46 @@ def _load(target, ctx, state: list):
 
 
 class CompiledCycles:
-    """A pair's drafted cycle (pipelined_cycles' device_work) as compiled graphs, one per verified
-    count: the state goes in and comes out as arrays. A graph holds the weights it was traced with,
+    """A pair's cycles (pipelined_cycles' device_work and plain_work) as compiled graphs, one per
+    verified count and one for a plain step: the state goes in and comes out as arrays. A graph holds the weights it was traced with,
     so one of these serves one (target, draft, head, block)."""
 
     def __init__(self):
-        self._graphs = {}  # verified count -> the compiled function
+        self._graphs = {}  # verified count, or "plain" -> the compiled function
         self._run = None  # (device_work, target, ctx) of the call being traced
         self._warm = False
-        self.traces = 0  # graphs traced: one per verified count and cache size, however many runs
+        self.traces = 0  # graphs traced: one per key and cache size, however many runs
 
-    def run(self, device_work, target, ctx, first: mx.array, v: int) -> tuple:
-        """device_work(first, v)'s outputs, its state updates made as it would make them."""
+    def run(self, work, key, fed: int, target, ctx, first: mx.array) -> tuple:
+        """work(first)'s outputs, its state updates made as it would make them; `key`: the graph's
+        (what shapes it), `fed`: the rows it feeds the target."""
         if not self._warm:
             # the first cycle runs as it is: it runs what evaluates once per process (the fused
             # attention's self-checks), which a trace may not
             self._warm = True
-            return device_work(first, v)
-        graph = self._graphs.get(v)
+            return work(first)
+        graph = self._graphs.get(key)
         if graph is None:
 
             def traced(first, *state):
                 self.traces += 1
                 work, tgt, cx = self._run
                 _load(tgt, cx, state)
-                return [*work(first, v), *_state(tgt, cx)]
+                outputs = work(first)  # before the state it leaves
+                return [*_state(tgt, cx), *outputs]
 
-            graph = self._graphs[v] = mx.compile(traced)
+            graph = self._graphs[key] = mx.compile(traced)
         bounds = target.cache[0].length.bound, ctx.device_length.bound
-        self._run = (device_work, target, ctx)
+        state = _state(target, ctx)
+        self._run = (work, target, ctx)
         try:
-            out = graph(first, *_state(target, ctx))
+            out = graph(first, *state)
         finally:
             self._run = None
-        outputs, state = out[:5], out[5:]
-        _load(target, ctx, state)
-        # the host's bounds advance as device_work's would (a replay runs no Python)
-        target.cache[0].length.bound, ctx.device_length.bound = (b + v + 1 for b in bounds)
-        return tuple(outputs)
+        _load(target, ctx, out[: len(state)])
+        # the host's bounds advance as the work's would (a replay runs no Python)
+        target.cache[0].length.bound, ctx.device_length.bound = (b + fed for b in bounds)
+        return tuple(out[len(state) :])
 
 
 def compiled_cycles(target, draft, head, B: int) -> CompiledCycles:

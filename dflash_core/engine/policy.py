@@ -327,6 +327,9 @@ class Policy:
         """A plain step's Decision (plain steps follow until keep_plain says no), or None: draft."""
         if not self.adaptive or not self.drafted_any or self.plain_streak:  # the first cycle, or a probe is due
             return None
+        # set here, not cleared by observing a drafted cycle: a pipelined run decides a cycle
+        # before it observes the one in flight
+        self.calibrating = False
         plain_s = self.costs.plain_s()
         if self._pays():  # drafting goes on, judged by a plain step's cost as last timed
             if self.since_plain is not None and self.since_plain < RECALIBRATE:
@@ -438,5 +441,4 @@ class Policy:
         self.early_probes = paid or (self.early_probes and not self.early_probe)
         self.early_probe = False
         self.plain_streak = 0
-        self.calibrating = False
         self.target_sure.clear()
