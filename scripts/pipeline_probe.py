@@ -41,8 +41,8 @@ def main():
     launches = []  # seconds of each pipelined cycle's async_eval
 
     class TimedMLX:
-        """mlx.core as pipeline.py sees it, with its async_eval timed (only its: plain steps and
-        synchronous cycles call mlx.core's own)."""
+        """mlx.core as pipeline.py sees it, with its async_eval timed (only its: a pipelined run's
+        cycles, drafted and plain; synchronous runs call mlx.core's own)."""
 
         def __getattr__(self, name):
             return getattr(mx, name)
@@ -71,12 +71,14 @@ def main():
                     pipelined=mode != "synchronous",
                     compiled=mode == "compiled",
                 )
-                drafted = [ev for ev in cycles if ev.drafted]
+                drafted, plain = [ev for ev in cycles if ev.drafted], [ev for ev in cycles if ev.plain_step]
                 row[f"{policy} {mode}"] = {
                     "speedup": round(s.decode_tps / base.decode_tps, 3),
                     "tokens_per_cycle": round(s.tokens_per_cycle, 2),
                     "identical": s.tokens == base.tokens,
                     "drafted_cycle_ms": round(statistics.median([ev.cycle_ms for ev in drafted] or [0]), 2),
+                    "plain_steps": len(plain),
+                    **({"plain_step_ms": round(statistics.median(ev.cycle_ms for ev in plain), 2)} if plain else {}),
                     # the host's time to build and launch a pipelined cycle (its draft_ms)
                     **(
                         {"launch_ms": round(statistics.median([ev.draft_ms for ev in drafted]), 2)}
