@@ -305,6 +305,31 @@ def test_interleaved_plain_steps_and_every_verify_size_are_lossless(random_pairs
     assert sizes == set(range(6))
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_pipelined_run_ends_on_its_budget_or_when_cancelled(random_pairs, scripted, compiled):
+    """Every budget from 1 to 30 tokens, so that plain steps and drafted cycles of every size are
+    in flight when it ends: plain greedy's first tokens, exactly as many; a run cancelled once its
+    consumer has seen k cycles stops with the next (asked when it is recorded), with plain
+    greedy's tokens so far, and leaves mlx-lm's caches."""
+    pair = random_pairs["qwen3"]
+    ids = pair.encode(PROMPTS[0], chat_template=False)
+    _, base = run(pair.baseline(ids, 30))
+    for n in range(1, 31):
+        _, ours = run(pair.dflash(ids, n, 6, policy="adaptive", pipelined=True, compiled=compiled))
+        assert ours.pipelined and ours.tokens == base.tokens[:n], n
+    for k in range(1, 8):
+        seen = []
+        gen = pair.dflash(ids, 30, 6, should_stop=lambda: len(seen) >= k, policy="adaptive", pipelined=True)
+        for ev in gen:
+            if isinstance(ev, CycleEvent):
+                seen.append(ev)
+            else:
+                summary = ev
+        assert summary.stop_reason == "cancelled" and len(seen) == k + 1
+        assert summary.tokens == base.tokens[: len(summary.tokens)]
+        assert all(type(c).__name__ == "KVCache" for c in pair.target.cache)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama-sliding", "gemma3_text", "gemma4", "qwen3_5_moe"])
 def test_interleaving_is_lossless_on_sliding_window_and_moe_hybrid_targets(request, name, scripted):
