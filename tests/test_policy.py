@@ -319,7 +319,9 @@ def test_a_pipelined_run_ends_on_its_budget_or_when_cancelled(random_pairs, scri
         assert ours.pipelined and ours.tokens == base.tokens[:n], n
     for k in range(1, 8):
         seen = []
-        gen = pair.dflash(ids, 30, 6, should_stop=lambda: len(seen) >= k, policy="adaptive", pipelined=True)
+        gen = pair.dflash(
+            ids, 30, 6, should_stop=lambda seen=seen, k=k: len(seen) >= k, policy="adaptive", pipelined=True
+        )
         for ev in gen:
             if isinstance(ev, CycleEvent):
                 seen.append(ev)
