@@ -109,14 +109,13 @@ def pipelined_cycles(
         t = time.perf_counter()
         first = staged_token.reshape(1)
         if decision.plain_step:
-            v, work = 0, plain_work
+            v, key, work = 0, "plain", plain_work
         else:
             v = min(decision.verified, room - 1)
-            work = lambda first: device_work(first, v)  # noqa: E731 (the graph's key is v)
-        key = "plain" if decision.plain_step else v
+            key, work = v, lambda first: device_work(first, v)  # noqa: E731
         outputs = work(first) if graphs is None else graphs.run(work, key, v + 1, target, ctx, first)
         mx.async_eval(*outputs, target_length.offset, ctx.length)
-        if decision.plain_step:
+        if decision.plain_step:  # in Launched's order: no drafted block, no accepted count
             sure, token, next_staged = outputs
             outputs = (None, sure, token, None, next_staged)
         return Launched(decision, v, *outputs, (time.perf_counter() - t) * 1e3)
@@ -140,7 +139,8 @@ def pipelined_cycles(
         # fits
         c, ahead, waiting = inflight, None, None
         plain = c.decision.plain_step
-        if not (not plain and rule.plain_streak):
+        probe = not plain and rule.plain_streak > 0  # the cycles read so far end in plain steps
+        if not probe:
             decision = decide(plain)
             room = budget() - c.verified - 1
             if room > decision.verified:
