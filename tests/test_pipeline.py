@@ -150,19 +150,35 @@ def test_pipelined_cycles_on_the_shipped_pair_accept_what_the_synchronous_ones_d
     assert len(seen) >= 4  # rejections at several positions, not only the first
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_a_pipelined_oracle_accepts_every_block(random_pairs, block_size):
+def test_a_pipelined_oracle_accepts_every_block(random_pairs, block_size, compiled):
     """The oracle proposes from the target cache's length on the device: every block but the
-    last is accepted whole, and the tokens are plain greedy's."""
+    last is accepted whole, and the tokens are plain greedy's. Compiled, one graph serves every
+    request (the oracle's table of proposals is the graph's input, not a constant of it)."""
     pair = random_pairs["llama"]
-    ids = pair.encode(PROMPTS[1], chat_template=False)
-    _, base = run(pair.baseline(ids, 60))
-    oracle = OracleDraft(len(ids), base.tokens)
-    cycles, ours = run(
-        pair.dflash(ids, 60, block_size, draft_fn=oracle, policy="fixed", min_confidence=0.0, pipelined=True)
-    )
-    assert ours.pipelined and ours.tokens == base.tokens
-    assert [ev.accepted_len for ev in cycles[:-1]] == [block_size - 1] * (len(cycles) - 1)
+    pair.target.compiled_cycles.clear()
+    for prompt in PROMPTS[:3]:
+        ids = pair.encode(prompt, chat_template=False)
+        _, base = run(pair.baseline(ids, 60))
+        oracle = OracleDraft(len(ids), base.tokens)
+        cycles, ours = run(
+            pair.dflash(
+                ids,
+                60,
+                block_size,
+                draft_fn=oracle,
+                policy="fixed",
+                min_confidence=0.0,
+                pipelined=True,
+                compiled=compiled,
+            )
+        )
+        assert ours.pipelined and ours.compiled == compiled and ours.tokens == base.tokens, prompt
+        assert [ev.accepted_len for ev in cycles[:-1]] == [block_size - 1] * (len(cycles) - 1)
+    if compiled:
+        ((_, _, graphs),) = pair.target.compiled_cycles.values()
+        assert graphs.traces == len(graphs._graphs)  # the later requests replayed the first one's
 
 
 def test_pipelining_is_asked_for(random_pairs, monkeypatch):

@@ -110,7 +110,7 @@ def dflash_generate(
     drafting would. `pipelined`: cycles launched before the last one is read back
     (dflash_core.engine.pipeline), where the run allows it (greedy, no copies, plain attention
     caches, no fixed confidence threshold); None: pipeline_default(). `compiled`: a pipelined run's
-    drafted cycles as compiled graphs (the draft's, not an oracle's); None: compile_default()."""
+    cycles as compiled graphs; None: compile_default()."""
     B, mask_id = block_size, draft.config.mask_token_id
     head = target.draft_head(draft_vocab)
     profiles = {} if cost_profiles is None else cost_profiles
@@ -163,7 +163,7 @@ def dflash_generate(
     pipelinable = target.plain_kv() and proposes_on_device and not (sampling or copy or draft.slides)
     pipelinable = pipelinable and not rule.min_confidence
     pipelined = pipelinable and (pipeline_default() if pipelined is None else pipelined)
-    compiled = pipelined and draft_fn is None and (compile_default() if compiled is None else compiled)
+    compiled = pipelined and proposes_on_device and (compile_default() if compiled is None else compiled)
 
     if pipelined:  # every cycle, drafted or plain, launched before the last one is read
         staged = yield from pipelined_cycles(
@@ -402,20 +402,26 @@ class OracleDraft:
 
     def __init__(self, prompt_len: int, reference: list, filler: int = 0):
         self.prompt_len, self.reference, self.filler = prompt_len, reference, filler
-        self._padded = None
 
     def __call__(self, context: list, block_size: int) -> list:
         start = len(context) - self.prompt_len  # index of the token after the staged one
         ahead = self.reference[start : start + block_size - 1]
         return ahead + [self.filler] * (block_size - 1 - len(ahead))
 
-    def on_device(self, held: mx.array, n: int) -> mx.array:
-        """The n tokens after the staged one, where the target's cache `held` positions (an
-        array: the prompt and the committed tokens; the staged one is not fed yet)."""
-        if self._padded is None:  # past the reference: filler (a cycle launched ahead of the end)
-            self._padded = mx.array(self.reference + [self.filler] * 64, dtype=mx.int32)
-        at = held - self.prompt_len + 1 + mx.arange(n)
-        return mx.take(self._padded, mx.minimum(at, self._padded.shape[0] - 1))
+    def by_position(self, size: int) -> mx.array:
+        """(size,): the reference's token at each position of the context (prompt + reply), filler
+        elsewhere, so that a pipelined cycle looks its proposals up by the cache's length alone
+        (one graph serves every request of a size: nothing of this one is in it)."""
+        tokens = [self.filler] * self.prompt_len + self.reference
+        return mx.array((tokens + [self.filler] * size)[:size], dtype=mx.int32)
+
+    @staticmethod
+    def on_device(held: mx.array, n: int, by_position: mx.array) -> mx.array:
+        """The n tokens after the staged one, where the target's cache holds `held` positions (an
+        array: the prompt and the committed tokens; the staged one is not fed yet); past the
+        table, filler (a cycle launched ahead of the end)."""
+        at = held + 1 + mx.arange(n)
+        return mx.take(by_position, mx.minimum(at, by_position.shape[0] - 1))
 
 
 def first_divergence(model, prompt_ids: list, ours: list, reference: list) -> Divergence | None:

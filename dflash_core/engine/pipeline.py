@@ -62,21 +62,24 @@ def pipelined_cycles(
     `stopped()`. Each cycle goes to `record(**fields)` (cycle.dflash_generate's) and its event is
     yielded; returns the staged token. `budget()`: tokens still to commit. `oracle`: a
     cycle.OracleDraft proposes instead of the draft. `compiled`: the cycles run as compiled graphs
-    (CompiledCycles; dflash_generate asks for them only without an oracle). At the end the caches
-    are mlx-lm's again, holding every kept token."""
+    (CompiledCycles). At the end the caches are mlx-lm's again, holding every kept token."""
     B, mask_id = rule.B, draft.config.mask_token_id
     held = target.cache[0].offset  # the target cache's (and the draft context's) length, as read so far
-    graphs = compiled_cycles(target, draft, head, B) if compiled else None
+    graphs = compiled_cycles(target, draft, head, B, oracle is not None) if compiled else None
     # a compiled cycle's caches have one size for the run: every position it may write (the
     # budget, and the rows of the two cycles in flight)
-    capacity = None if graphs is None else capacity_for(held + budget() + 3 * (B + 1))
+    positions = held + budget() + 3 * (B + 1)
+    capacity = None if graphs is None else capacity_for(positions)
     target_length, ctx_length = target.on_device(capacity), ctx.on_device(capacity)
+    # what a cycle's graph reads besides the caches: an oracle's proposals by context position
+    inputs = [] if oracle is None else [oracle.by_position(capacity or positions)]
 
-    def device_work(first: mx.array, v: int) -> tuple:
+    def device_work(first: mx.array, v: int, *by_position) -> tuple:
         """The cycle's graph from the staged token `first` (1,), v proposals verified: its outputs
         as arrays, both caches advanced by the kept rows on the device."""
         if oracle is not None:  # the target's own continuation, as sure as can be
-            drafted, sure = oracle.on_device(target_length.offset, B - 1).astype(first.dtype), mx.ones(B - 1)
+            drafted = oracle.on_device(target_length.offset, B - 1, *by_position).astype(first.dtype)
+            sure = mx.ones(B - 1)
         else:  # draft: one forward over [staged, MASK x (B-1)]
             block = target.embed(mx.concatenate([first, mx.full((B - 1,), mask_id, dtype=first.dtype)]))[None]
             logits = head.logits(draft.propose(block, ctx.kv, ctx.length, ctx.visible(B))[:, 1:])[0]
@@ -93,7 +96,7 @@ def pipelined_cycles(
         ctx.extend(taps, kept=accepted + 1)
         return drafted, sure, posterior, accepted, mx.take(posterior, accepted)
 
-    def plain_work(first: mx.array) -> tuple:
+    def plain_work(first: mx.array, *_) -> tuple:
         """A plain step's graph: the target checks the staged token alone (no draft forward); its
         taps still extend the draft's context, so that the next drafted cycle can draft."""
         logits, taps = target.step(first)
@@ -112,8 +115,9 @@ def pipelined_cycles(
             v, key, work = 0, "plain", plain_work
         else:
             v = min(decision.verified, room - 1)
-            key, work = v, lambda first: device_work(first, v)  # noqa: E731
-        outputs = work(first) if graphs is None else graphs.run(work, key, v + 1, target, ctx, first)
+            key, work = v, lambda *args: device_work(args[0], v, *args[1:])  # noqa: E731
+        args = (first, *inputs)
+        outputs = work(*args) if graphs is None else graphs.run(work, key, v + 1, target, ctx, args)
         mx.async_eval(*outputs, target_length.offset, ctx.length)
         if decision.plain_step:  # in Launched's order: no drafted block, no accepted count
             sure, token, next_staged = outputs
@@ -234,30 +238,31 @@ class CompiledCycles:
         self._warm = False
         self.traces = 0  # graphs traced: one per key and cache size, however many runs
 
-    def run(self, work, key, fed: int, target, ctx, first: mx.array) -> tuple:
-        """work(first)'s outputs, its state updates made as it would make them; `key`: the graph's
-        (what shapes it), `fed`: the rows it feeds the target."""
+    def run(self, work, key, fed: int, target, ctx, args: tuple) -> tuple:
+        """work(*args)'s outputs, its state updates made as it would make them; `key`: the graph's
+        (what shapes it), `fed`: the rows it feeds the target, `args`: the staged token and what
+        else the graph reads (inputs, not constants: a graph serves every run of its shapes)."""
         if not self._warm:
             # the first cycle runs as it is: it runs what evaluates once per process (the fused
             # attention's self-checks), which a trace may not
             self._warm = True
-            return work(first)
+            return work(*args)
         graph = self._graphs.get(key)
         if graph is None:
 
-            def traced(first, *state):
+            def traced(*args_and_state):
                 self.traces += 1
-                work, tgt, cx = self._run
-                _load(tgt, cx, state)
-                outputs = work(first)  # before the state it leaves
+                work, tgt, cx, n_args = self._run
+                _load(tgt, cx, args_and_state[n_args:])
+                outputs = work(*args_and_state[:n_args])  # before the state it leaves
                 return [*_state(tgt, cx), *outputs]
 
             graph = self._graphs[key] = mx.compile(traced)
         bounds = target.cache[0].length.bound, ctx.device_length.bound
         state = _state(target, ctx)
-        self._run = (work, target, ctx)
+        self._run = (work, target, ctx, len(args))
         try:
-            out = graph(first, *state)
+            out = graph(*args, *state)
         finally:
             self._run = None
         _load(target, ctx, out[: len(state)])
@@ -266,10 +271,10 @@ class CompiledCycles:
         return tuple(out[len(state) :])
 
 
-def compiled_cycles(target, draft, head, B: int) -> CompiledCycles:
-    """The CompiledCycles of this pair and block, made once (kept on the target, with the draft and
-    head it was made for)."""
-    key = (id(draft), id(head), B)
+def compiled_cycles(target, draft, head, B: int, oracle: bool = False) -> CompiledCycles:
+    """The CompiledCycles of this pair and block (or of an oracle's cycles at this block), made once
+    (kept on the target, with the draft and head it was made for)."""
+    key = (id(draft), id(head), B, oracle)
     kept = target.compiled_cycles.get(key)
     if kept is None:
         kept = target.compiled_cycles[key] = (draft, head, CompiledCycles())
