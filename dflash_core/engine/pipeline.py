@@ -16,6 +16,7 @@ Greedy only; targets whose caches are all mlx-lm's KVCache; drafts without slidi
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import mlx.core as mx
 
@@ -74,7 +75,7 @@ def pipelined_cycles(
     # what a cycle's graph reads besides the caches: an oracle's proposals by context position
     inputs = [] if oracle is None else [oracle.by_position(capacity or positions)]
 
-    def device_work(first: mx.array, v: int, *by_position) -> tuple:
+    def device_work(v: int, first: mx.array, *by_position) -> tuple:
         """The cycle's graph from the staged token `first` (1,), v proposals verified: its outputs
         as arrays, both caches advanced by the kept rows on the device."""
         if oracle is not None:  # the target's own continuation, as sure as can be
@@ -115,7 +116,7 @@ def pipelined_cycles(
             v, key, work = 0, "plain", plain_work
         else:
             v = min(decision.verified, room - 1)
-            key, work = v, lambda *args: device_work(args[0], v, *args[1:])  # noqa: E731
+            key, work = v, partial(device_work, v)
         args = (first, *inputs)
         outputs = work(*args) if graphs is None else graphs.run(work, key, v + 1, target, ctx, args)
         mx.async_eval(*outputs, target_length.offset, ctx.length)
@@ -130,8 +131,9 @@ def pipelined_cycles(
         """The next cycle's decision, as the synchronous loop would make it: after a plain step,
         plain steps go on while keep_plain says so (asked with one step in flight)."""
         nonlocal streak
-        if not after_plain or not rule.keep_plain():
-            streak = rule.before_draft() if not after_plain else None
+        if after_plain and rule.keep_plain():
+            return streak
+        streak = None if after_plain else rule.before_draft()
         return streak or rule.after_draft(None)
 
     t_read = time.perf_counter()
