@@ -35,8 +35,8 @@ COMPILE_ENV = "DFLASH_COMPILE_CYCLE"
 
 def _switch(env: str) -> bool:
     """An engine switch: its environment variable (0 or 1), or else on where it was measured faster
-    side by side: CUDA GPUs. On the 40 held-out requests on an H100 (3 repeats), pipelined cycles
-    compiled (both switches) read 1.53x median with the adaptive policy against 1.10x for the
+    side by side: CUDA GPUs. On the 40 held-out requests on an H100 (2 repeats), pipelined cycles
+    compiled (both switches) read 1.59x median with the adaptive policy against 1.19x for the
     synchronous cycle in the same run, every output identical (docs/benchmarks.md). On a CPU the
     host cannot overlap the device (MLX's CPU backend evaluates inside async_eval), and Metal has
     not been measured."""
