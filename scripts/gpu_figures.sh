@@ -16,11 +16,12 @@
 #   bash scripts/gpu_figures.sh heldout   the default pair on all 40 held-out chat requests, float32:
 #                                          the adaptive policy side by side with the fixed one
 #                                          (REPEAT=N repeats, default 3)
-#   bash scripts/gpu_figures.sh compiled  the cycle as CUDA runs it by default (pipelined, compiled)
-#                                          against pipelined and synchronous cycles on five held-out
-#                                          requests (pipeline_probe.py), then all 40 with the
-#                                          adaptive policy beside the fixed one and the synchronous
-#                                          cycle (REPEAT=N, default 2), after a warm-up process
+#   bash scripts/gpu_figures.sh compiled  the cycle as CUDA runs it by default (pipelined, compiled):
+#                                          after a warm-up process, the lossless tests of the
+#                                          pipeline, the cycle against pipelined and synchronous ones
+#                                          on five held-out requests (pipeline_probe.py), then all 40
+#                                          with the adaptive policy beside the fixed one and the
+#                                          synchronous cycle (REPEAT=N, default 2)
 #   bash scripts/gpu_figures.sh graphs    MLX CUDA's graph settings (MLX_CUDA_GRAPH_CACHE_SIZE,
 #                                          MLX_MAX_OPS_PER_BUFFER) on the first 12 held-out requests,
 #                                          one repeat each (GRAPH_SETTINGS="CACHE:OPS ..."), the adaptive policy beside the fixed one
@@ -80,9 +81,16 @@ compiled)
   # a fresh machine compiles MLX's kernels, and the compiled cycles' fused ones, in its first
   # process (minutes; kept on disk for later processes): a short run of every policy pays it here
   piece compiled-warm-up 150 --prompt "Hello" --max-tokens 64 --repeat 1 --policy adaptive --policy-sweep fixed
-  run compiled-probe 150 $py scripts/pipeline_probe.py --every 8 --modes compiled,pipelined,synchronous \
+  # lossless with the defaults (pipelined, compiled): plain steps and every verify size interleaved,
+  # budgets and cancellation, the oracle, every accepted length
+  run compiled-tests 90 $py -m pytest -q -p no:cacheprovider tests/test_pipeline.py \
+    tests/test_policy.py::test_interleaved_plain_steps_and_every_verify_size_are_lossless \
+    tests/test_policy.py::test_a_pipelined_run_ends_on_its_budget_or_when_cancelled \
+    "tests/test_engine.py::test_every_accepted_length_is_lossless[qwen3]" \
+    "tests/test_engine.py::test_every_accepted_length_is_lossless[llama]"
+  run compiled-probe 90 $py scripts/pipeline_probe.py --every 8 --modes compiled,pipelined,synchronous \
     --save "$out/compiled-probe.json"
-  piece smollm2-135m-compiled 290 --prompts assets/prompts/chat_heldout.json --policy adaptive \
+  piece smollm2-135m-compiled 250 --prompts assets/prompts/chat_heldout.json --policy adaptive \
     --policy-sweep fixed --pipeline-sweep --repeat "${REPEAT:-2}"
   ;;
 graphs)
