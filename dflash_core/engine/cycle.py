@@ -243,7 +243,9 @@ def dflash_generate(
         t_draft = time.perf_counter()
 
         # verify: one target forward over [staged, d0 .. d(verified-1)]
-        logits, taps = target.verify(mx.concatenate([mx.array([staged]), proposals[:verified]]))
+        # no empty array where none is verified (one, in a scan, crashed MLX's CUDA backend)
+        fed = mx.concatenate([mx.array([staged]), proposals[:verified]]) if verified else mx.array([staged])
+        logits, taps = target.verify(fed)
         posterior = mx.argmax(logits, axis=-1)  # the target's greedy choices
         mx.eval(proposals, sure, posterior)
         drafted, confidence, posterior = proposals.tolist(), sure.tolist(), posterior.tolist()
