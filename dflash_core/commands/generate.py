@@ -109,7 +109,7 @@ def run(args) -> int:
         if s.cycles
         else ""
     )
-    # how the drafted cycles ran (dflash_core.engine.pipeline): on CUDA pipelined and compiled by default
+    # how the cycles ran (dflash_core.engine.pipeline): on CUDA pipelined and compiled by default
     cycles = ", cycles pipelined and compiled" if s.compiled else ", cycles pipelined" if s.pipelined else ""
     log(
         f"\n[{s.generated} tokens, {s.decode_tps:.1f} tok/s, {s.tokens_per_cycle:.2f} tokens/cycle, "
