@@ -22,6 +22,9 @@
 #                                          on five held-out requests (pipeline_probe.py), then all 40
 #                                          with the adaptive policy beside the fixed one and the
 #                                          synchronous cycle (REPEAT=N, default 2)
+#   bash scripts/gpu_figures.sh trace     the adaptive policy's predictions against each cycle's measure
+#                                          on the held-out requests where it lost most (policy_trace.py;
+#                                          after `compiled` on the same machine: its kernels are compiled)
 #   bash scripts/gpu_figures.sh graphs    MLX CUDA's graph settings (MLX_CUDA_GRAPH_CACHE_SIZE,
 #                                          MLX_MAX_OPS_PER_BUFFER) on the first 12 held-out requests,
 #                                          one repeat each (GRAPH_SETTINGS="CACHE:OPS ..."), the adaptive policy beside the fixed one
@@ -93,6 +96,9 @@ compiled)
   piece smollm2-135m-compiled 250 --prompts assets/prompts/chat_heldout.json --policy adaptive \
     --policy-sweep fixed --pipeline-sweep --repeat "${REPEAT:-2}"
   ;;
+trace)
+  DFLASH_DTYPE=float32 run policy-trace 150 $py scripts/policy_trace.py --requests 3,36,0 --save "$out/policy-trace.json"
+  ;;
 graphs)
   export DFLASH_DTYPE=float32
   $py -c "import json; json.dump(json.load(open('assets/prompts/chat_heldout.json'))[:12], open('/tmp/heldout12.json', 'w'))"
@@ -105,7 +111,7 @@ graphs)
   done
   ;;
 *)
-  echo "usage: bash scripts/gpu_figures.sh checks|cycle|overlap|heldout|graphs" >&2
+  echo "usage: bash scripts/gpu_figures.sh checks|cycle|overlap|heldout|compiled|trace|graphs" >&2
   exit 2
   ;;
 esac
