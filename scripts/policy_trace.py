@@ -1,5 +1,6 @@
 """What the adaptive policy predicted against what each cycle measured, cycle by cycle, on a few
-held-out requests of the shipped pair: beside plain decoding, both policies, `--repeat` times.
+held-out requests of the shipped pair: beside plain decoding, both policies (the fixed one at this
+device's default threshold), `--repeat` times.
 Where a policy misjudges a request (drafting on where it loses, or stepping plainly where drafting
 pays), the trace says whether the acceptance or the cost was off: each cycle's predicted tokens and
 cost in plain steps, its accepted length and its measured milliseconds, and the plain step's
@@ -18,6 +19,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
+from dflash_core import backend  # noqa: E402
 from dflash_core.models.loading import load_pair  # noqa: E402
 from dflash_core.models.registry import DEFAULT_PAIR  # noqa: E402
 from dflash_core.training.chat_prompts import heldout_requests  # noqa: E402
@@ -56,8 +58,8 @@ def main():
             *_, base = pair.baseline(ids, args.max_tokens)
             step_ms = 1e3 / base.decode_tps
             run = {"request": i, "repeat": rep, "baseline_ms_per_token": round(step_ms, 2)}
-            for policy, threshold in (("adaptive", None), ("fixed", 0.0)):
-                *events, s = pair.dflash(ids, args.max_tokens, 8, policy=policy, min_confidence=threshold)
+            for policy, threshold in (("adaptive", None), ("fixed", backend.default_min_confidence())):
+                *events, s = pair.dflash(ids, args.max_tokens, pair.block_size, policy=policy, min_confidence=threshold)
                 cycles = [
                     [
                         int(ev.plain_step),
