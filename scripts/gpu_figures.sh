@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 figures in docs/benchmarks.md (MLX CUDA installed by hand on that machine), in four parts
+# The H200 figures in docs/benchmarks.md (MLX CUDA installed by hand on that machine), in parts
 # that each fit one 10-minute command:
 #   bash scripts/gpu_figures.sh checks    the fused attention's tests and timings, target forwards by
 #                                          rows (MLX's attention against the fused one), lossless on
