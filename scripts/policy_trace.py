@@ -8,8 +8,10 @@ measured cost beside plain decoding's.
 
     DFLASH_DTYPE=float32 python scripts/policy_trace.py --requests 3,36 --save policy-trace.json
 
-Prints one line per request and run; --save writes every cycle as
-[plain step (0/1), verified, accepted_len, cycle_ms, expected_tokens, predicted_steps, reason]."""
+A cycle's predicted cost and its `measured_steps` are both in the cost model's plain step
+(`step_ms`); `*_in_steps` are in plain decoding's, measured beside it, so the two tell apart a
+misjudged cycle from a misjudged plain step. Prints one line per request and run; --save writes
+every cycle too."""
 
 import argparse
 import json
@@ -26,20 +28,39 @@ from dflash_core.training.chat_prompts import heldout_requests  # noqa: E402
 
 
 def summary(cycles: list, step_ms: float) -> dict:
-    """Measured against predicted, by kind: plain steps, drafted cycles (costs in plain decoding's steps)."""
-    plain = [c for c in cycles if c[0]]
-    drafted = [c for c in cycles if not c[0]]
+    """Measured against predicted, by kind: plain steps, drafted cycles (`*_in_steps`: in plain
+    decoding's steps of `step_ms`; `*_measured_steps`, `*_predicted_steps`: in the cost model's)."""
+    plain = [c for c in cycles if c["plain_step"]]
+    drafted = [c for c in cycles if not c["plain_step"]]
     out = {"plain_steps": len(plain), "drafted_cycles": len(drafted)}
     if plain:
-        out["plain_step_in_steps"] = round(sum(c[3] for c in plain) / len(plain) / step_ms, 2)
+        out["plain_step_in_steps"] = round(sum(c["cycle_ms"] for c in plain) / len(plain) / step_ms, 2)
     if drafted:
         out |= {
-            "drafted_tokens": round(sum(c[2] + 1 for c in drafted) / len(drafted), 2),
-            "drafted_expected_tokens": round(median(c[4] for c in drafted), 2),
-            "drafted_cycle_in_steps": round(sum(c[3] for c in drafted) / len(drafted) / step_ms, 2),
-            "drafted_predicted_steps": round(median(c[5] for c in drafted), 2),
+            "drafted_tokens": round(sum(c["accepted_len"] + 1 for c in drafted) / len(drafted), 2),
+            "drafted_expected_tokens": round(median(c["expected_tokens"] for c in drafted), 2),
+            "drafted_cycle_in_steps": round(sum(c["cycle_ms"] for c in drafted) / len(drafted) / step_ms, 2),
+            "drafted_measured_steps": round(median(c["measured_steps"] for c in drafted), 2),
+            "drafted_predicted_steps": round(median(c["predicted_steps"] for c in drafted), 2),
+            "model_step_in_steps": round(median(c["step_ms"] for c in drafted) / step_ms, 2),
         }
     return out
+
+
+def trace(ev) -> dict:
+    """A cycle's decision beside its outcome (a CycleEvent's own fields)."""
+    d = ev.decision
+    return {
+        "plain_step": ev.plain_step,
+        "verified": ev.verified,
+        "accepted_len": ev.accepted_len,
+        "cycle_ms": round(ev.cycle_ms, 2),
+        "measured_steps": round(ev.measured_steps, 2),
+        "step_ms": round(d.step_ms, 2),
+        "expected_tokens": round(d.expected_tokens, 2),
+        "predicted_steps": round(d.predicted_steps, 2),
+        "reason": d.reason,
+    }
 
 
 def main():
@@ -60,18 +81,7 @@ def main():
             run = {"request": i, "repeat": rep, "baseline_ms_per_token": round(step_ms, 2)}
             for policy, threshold in (("adaptive", None), ("fixed", backend.default_min_confidence())):
                 *events, s = pair.dflash(ids, args.max_tokens, pair.block_size, policy=policy, min_confidence=threshold)
-                cycles = [
-                    [
-                        int(ev.plain_step),
-                        ev.verified,
-                        ev.accepted_len,
-                        round(ev.cycle_ms, 2),
-                        round(ev.decision.expected_tokens, 2),
-                        round(ev.decision.predicted_steps, 2),
-                        ev.decision.reason,
-                    ]
-                    for ev in events
-                ]
+                cycles = [trace(ev) for ev in events]
                 speedup = round(s.decode_tps / base.decode_tps, 3)
                 run[policy] = {"speedup": speedup, "identical": s.tokens == base.tokens, **summary(cycles, step_ms)}
                 run[policy]["cycles"] = cycles
