@@ -48,6 +48,7 @@ def run_benchmark(
     copy_sweep: bool = False,
     pipeline_sweep: bool = False,
     compile_sweep: bool = False,
+    shared_prefill: bool = False,
 ) -> dict:
     """With `sampling` (temperature > 0) the baseline is plain sampling and DFlash speculative
     sampling, each run seeded alike: the outputs share a distribution, not tokens. `template_args`:
@@ -56,7 +57,11 @@ def run_benchmark(
     `confidence_sweep` the fixed policy at other thresholds, `copy_sweep` DFlash with the copy
     source (dflash_core.engine.copy_source) the other way than `copy`, `pipeline_sweep` with
     pipelined cycles (dflash_core.engine.pipeline) the other way than the default, `compile_sweep`
-    pipelined cycles compiled (pipeline.CompiledCycles) the other way than the default."""
+    pipelined cycles compiled (pipeline.CompiledCycles) the other way than the default.
+    `shared_prefill`: each prompt is prefilled once (all but its last token, Pair.prefilled) and
+    every engine's run of it resumes from there, so that their decodes follow each other closely:
+    a long prompt's prefill takes minutes on a CPU, through which the machine's speed drifts
+    between the runs compared (their prefill_s then times the last token alone)."""
     block_size = pair.block_size if block_size is None else block_size
     policy = pair.policy_for(policy, min_confidence, sampling)
     if min_confidence is None:
@@ -86,6 +91,10 @@ def run_benchmark(
     sweeps["sweep"].sort(key=lambda v: v.block_size)
     variants = list(dict.fromkeys([main, *(v for group in sweeps.values() for v in group)]))
 
+    def prefilled(ids) -> dict:
+        """The runs' keyword for a prompt's shared prefill, fed here (or none)."""
+        return {"prefix_cache": pair.prefilled(ids)} if shared_prefill else {}
+
     def dflash(ids, v, **kw):
         return _last(
             pair.dflash(
@@ -105,19 +114,23 @@ def run_benchmark(
     # probe) can depend on the cache length, so the warm-up goes as far as the measured runs do
     ceiling = Variant(block_size, "fixed", 0.0, False, piped, compiled)  # the oracle's: every proposal verified
     log("warm-up ...")
-    warm = _last(pair.baseline(encoded[0], max_tokens, sampling=sampling))
+    shared = prefilled(encoded[0])
+    warm = _last(pair.baseline(encoded[0], max_tokens, sampling=sampling, **shared))
     for v in variants:
-        dflash(encoded[0], v, sampling=sampling)
+        dflash(encoded[0], v, sampling=sampling, **shared)
     if oracle:
-        dflash(encoded[0], ceiling, draft_fn=OracleDraft(len(encoded[0]), warm.tokens))
+        dflash(encoded[0], ceiling, draft_fn=OracleDraft(len(encoded[0]), warm.tokens), **shared)
 
     runs = []
     for r in range(repeat):
         for i, ids in enumerate(encoded):
-            base = _last(pair.baseline(ids, max_tokens, sampling=sampling))
-            rows = [("baseline", main, base)] + [("dflash", v, dflash(ids, v, sampling=sampling)) for v in variants]
+            shared = prefilled(ids)
+            base = _last(pair.baseline(ids, max_tokens, sampling=sampling, **shared))
+            rows = [("baseline", main, base)]
+            rows += [("dflash", v, dflash(ids, v, sampling=sampling, **shared)) for v in variants]
             if oracle:
-                rows.append(("oracle", ceiling, dflash(ids, ceiling, draft_fn=OracleDraft(len(ids), base.tokens))))
+                oracle_draft = OracleDraft(len(ids), base.tokens)
+                rows.append(("oracle", ceiling, dflash(ids, ceiling, draft_fn=oracle_draft, **shared)))
             for engine, v, s in rows:
                 verdict = lossless_verdict(s, base)
                 run = {
@@ -165,6 +178,7 @@ def run_benchmark(
             "copy_sweep": copy_sweep,
             "pipeline_sweep": pipeline_sweep,
             "compile_sweep": compile_sweep,
+            "shared_prefill": shared_prefill,
             "temperature": sampling.temperature if sampling else 0.0,
             "top_p": sampling.top_p if sampling else 1.0,
             "seed": sampling.seed if sampling else None,

@@ -134,3 +134,32 @@ def test_a_run_that_differs_from_greedy_is_flagged_and_placed(random_pairs):
     line = divergence_line(s)
     assert line.startswith("not identical: 1 run(s)") and "prompt 1, dflash, block 16" in line
     assert "token 5" in line and "\n" not in line
+
+
+@pytest.mark.slow
+def test_a_shared_prefill_runs_every_engine_from_one_prefill_and_changes_no_token(random_pairs):
+    pair = random_pairs["llama"]
+    prompts = ["def fib(n):\n    if n < 2:\n        return n", "import os\nimport sys\n\n\ndef main():"]
+    kw = dict(max_tokens=20, repeat=1, log=lambda *a: None, min_confidence=0.0, policy_sweep=["adaptive"])
+    apart = run_benchmark(pair, prompts, **kw)
+    shared = run_benchmark(pair, prompts, shared_prefill=True, **kw)
+    assert shared["config"]["shared_prefill"] and not apart["config"]["shared_prefill"]
+    key = lambda r: (r["prompt"], r["engine"], r.get("policy"))
+    for a, s in zip(sorted(apart["runs"], key=key), sorted(shared["runs"], key=key)):
+        assert key(a) == key(s) and s["identical"] and a["generated_tokens"] == s["generated_tokens"]
+        prompt_len = s["prompt_tokens"]
+        if s["engine"] == "baseline":  # resumed short of the last token, which generate_step feeds
+            assert s["cached_prompt_tokens"] == prompt_len - 1 and a["cached_prompt_tokens"] == 0
+        else:  # the first run feeds the last token, later ones find the prompt with its logits
+            assert s["cached_prompt_tokens"] in (prompt_len - 1, prompt_len) and a["cached_prompt_tokens"] == 0
+
+
+def test_a_shared_prefill_gives_plain_decoding_the_tokens_of_a_whole_prefill(random_pairs):
+    """Plain decoding resumed from a prefix snapshot of all but the prompt's last token writes
+    what it writes after prefilling the whole prompt itself."""
+    pair = random_pairs["qwen3"]
+    ids = pair.encode("class Stack:\n    def __init__(self):", False)
+    *_, whole = pair.baseline(ids, 24)
+    *_, resumed = pair.baseline(ids, 24, prefix_cache=pair.prefilled(ids))
+    assert resumed.cached_prompt_tokens == len(ids) - 1 and whole.cached_prompt_tokens == 0
+    assert resumed.tokens == whole.tokens

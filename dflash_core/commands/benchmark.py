@@ -54,6 +54,13 @@ def add_parser(sub):
         help="also run DFlash with pipelined cycles as compiled graphs the other way than the default "
         "(on for CUDA GPUs, else off; DFLASH_COMPILE_CYCLE=0|1 sets it) side by side",
     )
+    p.add_argument(
+        "--shared-prefill",
+        action="store_true",
+        help="prefill each prompt once and run every engine from there, so that their decodes follow each "
+        "other closely: for long prompts, whose prefill on a CPU takes minutes through which the machine's "
+        "speed drifts (prefill_s then times the last token alone)",
+    )
     add_sampling_args(p)
     p.add_argument(
         "--oracle",
@@ -112,6 +119,8 @@ def run(args) -> int:
     sampling = sampling_of(args)
     if sampling and args.oracle:
         raise DFlashError("--oracle replays greedy decoding: drop it, or use --temperature 0")
+    if args.shared_prefill and distributed.size() > 1:
+        raise DFlashError("--shared-prefill keeps prefix snapshots, which a group of processes does not: drop it")
     if args.chat_template_args is not None and args.chat_template is False:
         raise DFlashError("--chat-template-args go through the chat template: drop --no-chat-template")
     given = args.prompt is not None or args.prompts is not None
@@ -141,6 +150,7 @@ def run(args) -> int:
         copy_sweep=args.copy_sweep,
         pipeline_sweep=args.pipeline_sweep,
         compile_sweep=args.compile_sweep,
+        shared_prefill=args.shared_prefill,
     )
     res["config"]["group"] = distributed.describe()  # the processes the target was split across
     if args.save and distributed.primary():

@@ -357,10 +357,13 @@ def baseline_generate(
     eos_ids: set,
     should_stop: Callable[[], bool] = lambda: False,
     sampling: Sampling | None = None,
+    prompt_cache: list | None = None,
+    cached_tokens: int = 0,
 ) -> Iterator:
     """Plain decoding through mlx-lm's own generate_step: greedy (the baseline) unless `sampling`
     is given (plain sampling, from the distribution DFlash's sampling also draws from). Yields
-    TokenEvents, then a RunSummary."""
+    TokenEvents, then a RunSummary. `prompt_cache`: mlx-lm caches that already hold the first
+    `cached_tokens` of the prompt (fewer than all of it), from which only the rest is fed."""
     mx.reset_peak_memory()
     tokens, stop = [], "max_tokens"
     if sampling:
@@ -368,7 +371,8 @@ def baseline_generate(
     sampler = sampling.sampler() if sampling else (lambda logprobs: mx.argmax(logprobs, axis=-1))
     t_start = time.perf_counter()
     t0 = None
-    for tok, _ in generate_step(mx.array(prompt_ids), model, max_tokens=max_tokens, sampler=sampler):
+    fed = mx.array(prompt_ids[cached_tokens:])
+    for tok, _ in generate_step(fed, model, max_tokens=max_tokens, sampler=sampler, prompt_cache=prompt_cache):
         t = time.perf_counter()
         t0 = t0 or t
         tokens.append(tok)
@@ -388,6 +392,7 @@ def baseline_generate(
     yield RunSummary(
         engine="baseline" if sampling is None else "sampling",
         prompt_tokens=len(prompt_ids),
+        cached_prompt_tokens=cached_tokens,
         tokens=tokens,
         prefill_s=t0 - t_start,
         decode_s=t_end - t0,

@@ -98,13 +98,15 @@ class PrefixCache:
     def keys(self) -> list:
         return list(self._snapshots)
 
-    def find(self, ids: list):
-        """(snapshot, tokens of ids it restores) for the longest usable cached prefix, or None."""
+    def find(self, ids: list, use_logits: bool = True):
+        """(snapshot, tokens of ids it restores) for the longest usable cached prefix, or None.
+        `use_logits` False: never the whole prompt, its last token is fed (as plain decoding's
+        generate_step feeds it)."""
         best, best_n = None, 0
         for snap in self._snapshots.values():
             common = _common_length(snap.tokens, ids)
             whole = common == len(snap.tokens)
-            if whole and common == len(ids) and snap.logits is not None:
+            if whole and common == len(ids) and snap.logits is not None and use_logits:
                 n = common  # exactly this prompt, its logits kept: nothing to feed
             elif snap.cuttable or (whole and common < len(ids)):
                 n = min(common, len(ids) - 1)  # the last token is fed alone
@@ -116,9 +118,14 @@ class PrefixCache:
 
     def restore(self, snap: Snapshot, n: int, target: Target, ctx: DraftContext):
         """Put the first n tokens of a snapshot into the target's caches and the draft's context."""
-        self._snapshots.move_to_end(snap.tokens)
-        target.resume([_restored(kind, state, n) for kind, state in snap.target])
+        target.resume(self.target_caches(snap, n))
         ctx.restore([(k[..., :n, :], v[..., :n, :]) for k, v in snap.draft], n)
+
+    def target_caches(self, snap: Snapshot, n: int) -> list:
+        """New mlx-lm caches holding the first n tokens of a snapshot (plain decoding resumes
+        from these: it has no draft context)."""
+        self._snapshots.move_to_end(snap.tokens)
+        return [_restored(kind, state, n) for kind, state in snap.target]
 
     def store(self, target: Target, ctx: DraftContext, tokens: list, logits: mx.array = None):
         """Snapshot the caches for the prefix of `tokens` they hold. After a run the target may

@@ -10,14 +10,19 @@ from mlx.utils import tree_flatten
 from .. import backend
 from ..benchmark import recorded_benchmark
 from ..engine.cycle import baseline_generate, dflash_generate, first_divergence
-from ..engine.draft import QUANT_GROUP, DraftModel
+from ..engine.draft import QUANT_GROUP, DraftContext, DraftModel
 from ..engine.events import CONFIDENCE_EDGES
 from ..engine.policy import POLICIES, default_policy
-from ..engine.prefix_cache import PrefixCache
+from ..engine.prefix_cache import PrefixCache, prefill
 from ..engine.target import Target
 from ..errors import DFlashError
 from . import distributed, memory
 from .tokenizer import encode_prompt
+
+# a shared prefill's cache (Pair.prefilled) holds the prompt's snapshot and those its runs store
+# (the prompt with its logits, the prompt and reply): a 3,800-token prompt of the default pair
+# takes about 180 MB a snapshot
+SHARED_PREFILL_BYTES = 2 * 2**30
 
 
 @dataclass
@@ -121,10 +126,12 @@ class Pair:
         copy=False,
         pipelined=None,
         compiled=None,
+        prefix_cache=None,
     ):
         """CycleEvents, then a RunSummary (see engine.dflash_generate). Call on the MLX thread.
         policy None: policy.default_policy; the fixed policy's min_confidence None: the backend's
-        default (backend.default_min_confidence); sampling None: greedy."""
+        default (backend.default_min_confidence); sampling None: greedy; prefix_cache None: the
+        pair's own (`self.prefix_cache`)."""
         block_size = self.block_size if block_size is None else block_size
         self.check_request(prompt_ids, max_tokens, block_size)
         policy = self.policy_for(policy, min_confidence, sampling)
@@ -148,7 +155,7 @@ class Pair:
                 sampling=sampling,
                 draft_vocab=self.draft_vocab,
                 plain_threads=self.blas_threads.get("baseline"),
-                prefix_cache=self.prefix_cache,
+                prefix_cache=self.prefix_cache if prefix_cache is None else prefix_cache,
                 copy=copy,
                 pipelined=pipelined,
                 compiled=compiled,
@@ -189,9 +196,13 @@ class Pair:
         """The tokens the draft proposes from here: its vocabulary where that pays (a CPU)."""
         return self.draft.config.draft_vocab if backend.draft_vocab_pays() else None
 
-    def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False, sampling=None):
-        """TokenEvents, then a RunSummary: plain decoding via mlx-lm (greedy unless `sampling`)."""
+    def baseline(self, prompt_ids, max_tokens, should_stop=lambda: False, sampling=None, prefix_cache=None):
+        """TokenEvents, then a RunSummary: plain decoding via mlx-lm (greedy unless `sampling`).
+        `prefix_cache`: the target's caches resume from its longest snapshot of the prompt short
+        of the last token, which is fed as generate_step feeds a prompt's last token."""
         self.check_request(prompt_ids, max_tokens, 2)
+        found = None if prefix_cache is None else prefix_cache.find(prompt_ids, use_logits=False)
+        caches, cached = (None, 0) if found is None else (prefix_cache.target_caches(*found), found[1])
         return self._run(
             "baseline",
             baseline_generate(
@@ -201,8 +212,18 @@ class Pair:
                 eos_ids=self.eos_ids,
                 should_stop=should_stop,
                 sampling=sampling,
+                prompt_cache=caches,
+                cached_tokens=cached,
             ),
         )
+
+    def prefilled(self, prompt_ids) -> PrefixCache:
+        """A prefix cache holding the prompt but its last token, fed here once: runs of both
+        engines given it decode the prompt from the same caches, feeding only the last token."""
+        cache = PrefixCache(SHARED_PREFILL_BYTES)
+        self._use_fastest_threads("dflash")
+        prefill(self.target, DraftContext(self.draft), prompt_ids[:-1], cache)
+        return cache
 
     def _run(self, engine: str, events):
         self._use_fastest_threads(engine)  # when the run starts, not when it is created
