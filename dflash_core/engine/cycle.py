@@ -14,7 +14,7 @@ from .draft import DraftContext, DraftModel
 from .events import CycleEvent, CycleTally, Divergence, RunSummary, TokenEvent, plain_step_fields
 from .pipeline import pipelined_cycles
 from .policy import AcceptancePredictor, CostModel, Policy, probe_costs
-from .prefix_cache import PrefixCache, prefill
+from .prefix_cache import PrefixCache, held_length, prefill
 from .sampling import Sampling, point_mass, sample, speculative_accept
 from .target import Target
 
@@ -358,12 +358,11 @@ def baseline_generate(
     should_stop: Callable[[], bool] = lambda: False,
     sampling: Sampling | None = None,
     prompt_cache: list | None = None,
-    cached_tokens: int = 0,
 ) -> Iterator:
     """Plain decoding through mlx-lm's own generate_step: greedy (the baseline) unless `sampling`
     is given (plain sampling, from the distribution DFlash's sampling also draws from). Yields
-    TokenEvents, then a RunSummary. `prompt_cache`: mlx-lm caches that already hold the first
-    `cached_tokens` of the prompt (fewer than all of it), from which only the rest is fed."""
+    TokenEvents, then a RunSummary. `prompt_cache`: mlx-lm caches that already hold the start of
+    the prompt (not all of it), from which only the rest is fed."""
     mx.reset_peak_memory()
     tokens, stop = [], "max_tokens"
     if sampling:
@@ -371,6 +370,7 @@ def baseline_generate(
     sampler = sampling.sampler() if sampling else (lambda logprobs: mx.argmax(logprobs, axis=-1))
     t_start = time.perf_counter()
     t0 = None
+    cached_tokens = 0 if prompt_cache is None else held_length(prompt_cache)
     fed = mx.array(prompt_ids[cached_tokens:])
     for tok, _ in generate_step(fed, model, max_tokens=max_tokens, sampler=sampler, prompt_cache=prompt_cache):
         t = time.perf_counter()

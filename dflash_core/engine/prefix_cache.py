@@ -41,7 +41,7 @@ class Snapshot:
     nbytes: int
 
 
-def _attention_length(caches: list) -> int:
+def held_length(caches: list) -> int:
     """Tokens the target's caches hold: every supported architecture has an attention layer."""
     return next(c.offset for c in caches if isinstance(c, (KVCache, RotatingKVCache)))
 
@@ -132,7 +132,7 @@ class PrefixCache:
         hold fewer (a last token emitted but never fed) or more (a last cycle's tokens past an
         EOS), and the draft's context fewer (a plain step still in flight at the end); caches that
         cannot be cut back are snapshot only where both hold exactly a prefix of `tokens`."""
-        held = _attention_length(target.cache)
+        held = held_length(target.cache)
         n = min(held, ctx.length, len(tokens))
         exact = held == ctx.length <= len(tokens)
         cuttable = target.plain_kv()

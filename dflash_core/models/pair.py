@@ -202,7 +202,7 @@ class Pair:
         of the last token, which is fed as generate_step feeds a prompt's last token."""
         self.check_request(prompt_ids, max_tokens, 2)
         found = None if prefix_cache is None else prefix_cache.find(prompt_ids, use_logits=False)
-        caches, cached = (None, 0) if found is None else (prefix_cache.target_caches(*found), found[1])
+        caches = None if found is None else prefix_cache.target_caches(*found)
         return self._run(
             "baseline",
             baseline_generate(
@@ -213,7 +213,6 @@ class Pair:
                 should_stop=should_stop,
                 sampling=sampling,
                 prompt_cache=caches,
-                cached_tokens=cached,
             ),
         )
 
