@@ -136,8 +136,14 @@ def pipelined_cycles(
         streak = None if after_plain else rule.before_draft()
         return streak or rule.after_draft(None)
 
+    # A cycle's time is the host's launch of it plus the wait for its outputs. Between two reads
+    # the host launches the next cycle ahead, then waits for this one: that launch is the next
+    # cycle's (it is carried to it), or the last plain step before a drafted cycle would be charged
+    # with building the drafted graph, and the cost model, taking plain steps for dear and drafted
+    # cycles for cheap, would go on drafting where nothing is accepted.
     t_read = time.perf_counter()
     inflight = launch(decide(False), mx.array(staged, dtype=mx.int32), budget())
+    carried_ms = 0.0  # the launch of the cycle in flight, where an earlier interval timed it
     while True:
         # the next cycle, built on this one's outputs, except after a probe (a drafted cycle after
         # plain steps), whose outcome decides whether drafting goes on; where the budget may end
@@ -155,8 +161,9 @@ def pipelined_cycles(
                 waiting = decision
         confidence, posterior, nxt = c.confidence.tolist(), c.posterior.tolist(), c.next_staged.item()
         now = time.perf_counter()
-        cycle_ms = (now - t_read) * 1e3  # one cycle's share of the pipeline's time
-        t_read = now
+        ahead_ms = ahead.launch_ms if ahead else 0.0
+        cycle_ms = (now - t_read) * 1e3 - ahead_ms + carried_ms
+        t_read, carried_ms = now, ahead_ms
         if plain:
             held += 1
             yield record(**plain_step_fields([staged], nxt, confidence[0], c.decision, cycle_ms, now - t0))
