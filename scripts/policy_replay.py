@@ -18,6 +18,7 @@ count of requests under 1.0x.
 
     python scripts/policy_replay.py --record replay-record.json            # record (minutes), then replay
     python scripts/policy_replay.py --record replay-record.json --replay-only
+    python scripts/policy_replay.py --record replay-record.json --replay-only --gpu-costs 3.3,1.0,3.6,4.2
 """
 
 import argparse
@@ -113,8 +114,12 @@ class AlwaysDraft(Policy):
         return None
 
 
-def replay(rec: dict, costs: dict, probe: dict, prior: dict, B: int, policy: str, rng, noise: float) -> tuple:
-    """(speedup against plain steps at the same costs, tokens per cycle, plain steps, cycles)."""
+def replay(
+    rec: dict, costs: dict, probe: dict, prior: dict, B: int, policy: str, rng, noise: float, gpu: bool = False
+) -> tuple:
+    """(speedup against plain steps at the same costs, tokens per cycle, plain steps, cycles).
+    `gpu`: as the engine runs on a GPU, the draft's confidence not read before the verify and the
+    fixed rule verifying every proposal."""
     seq, start = rec["seq"], rec["prompt_len"]
     end = len(seq) - 1  # the last reply token ends the run (it is staged, then committed)
     cls = AlwaysDraft if policy == "always draft" else Policy
@@ -122,7 +127,8 @@ def replay(rec: dict, costs: dict, probe: dict, prior: dict, B: int, policy: str
         B,
         CostModel(CostProfile(probe["draft_s"], probe["verify_s"])),
         AcceptancePredictor(B, prior),
-        None if policy != "fixed" else 0.2,
+        None if policy != "fixed" else 0.0 if gpu else 0.2,
+        reads_confidence=not gpu,
     )
 
     def seconds(x):
@@ -167,7 +173,7 @@ def replay(rec: dict, costs: dict, probe: dict, prior: dict, B: int, policy: str
             continue
         j = pos - start
         drafted, confidence = rec["proposals"][j], rec["confidence"][j]
-        decision = rule.after_draft(confidence)
+        decision = rule.after_draft(confidence if rule.reads_confidence else None)
         v = min(decision.verified, end - pos)
         a = accepted_length(drafted[:v], seq[pos + 1 : pos + 1 + v] + [-1])
         ev = event(
@@ -205,9 +211,17 @@ def hindsight(rec: dict, costs: dict, B: int) -> float:
     return (end - start) * costs["plain_s"] / best[start]
 
 
-def report(data: dict, seeds: int, noise: float):
+def gpu_costs(ms: str, B: int) -> dict:
+    """'PLAIN,DRAFT,VERIFY_1,VERIFY_B' (ms) as the costs of every context: a verify's rows priced
+    on the line between one row and B."""
+    plain, draft, one, whole = (float(x) / 1e3 for x in ms.split(","))
+    costs = {"plain_s": plain, "draft_s": draft, "verify_s": [one + (whole - one) * v / (B - 1) for v in range(B)]}
+    return {"probe": costs, "short": costs, "long": costs}
+
+
+def report(data: dict, seeds: int, noise: float, gpu_ms: str = None):
     B, prior = data["block_size"], data["prior"]
-    c = data["costs"]
+    c = gpu_costs(gpu_ms, B) if gpu_ms else data["costs"]
     print(
         "costs, ms: plain step {:.1f} (short context) / {:.1f} (long); draft {:.1f} / {:.1f}; verify of 2 / 8 rows "
         "{:.1f} / {:.1f} (short)".format(
@@ -221,10 +235,13 @@ def report(data: dict, seeds: int, noise: float):
     )
     rows = {}
     for key, rec in data["requests"].items():
+        if gpu_ms and key.startswith("long_source"):  # a long context's costs on a GPU are not these
+            continue
         costs = c["long"] if key.startswith("long_source") else c["short"]
         for policy in ("adaptive", "fixed", "always draft"):
             runs = [
-                replay(rec, costs, c["probe"], prior, B, policy, np.random.default_rng(s), noise) for s in range(seeds)
+                replay(rec, costs, c["probe"], prior, B, policy, np.random.default_rng(s), noise, gpu=bool(gpu_ms))
+                for s in range(seeds)
             ]
             rows.setdefault((key.split("/")[0], policy), []).append(float(np.median([r[0] for r in runs])))
         rows.setdefault((key.split("/")[0], "hindsight"), []).append(hindsight(rec, costs, B))
@@ -244,10 +261,16 @@ def main():
     ap.add_argument("--replay-only", action="store_true")
     ap.add_argument("--seeds", type=int, default=5, help="replays per request (noise draws); the median is reported")
     ap.add_argument("--noise", type=float, default=0.05, help="relative noise of each cycle's measured seconds")
+    ap.add_argument(
+        "--gpu-costs",
+        metavar="PLAIN,DRAFT,VERIFY_1,VERIFY_B",
+        help="replay as on a GPU at these costs (ms), instead of the recorded ones: the draft's confidence "
+        "not read before the verify, the fixed rule verifying every proposal (the long prompt left out)",
+    )
     args = ap.parse_args()
     if not args.replay_only:
         record(args.record)
-    report(json.loads(args.record.read_text()), args.seeds, args.noise)
+    report(json.loads(args.record.read_text()), args.seeds, args.noise, args.gpu_costs)
 
 
 if __name__ == "__main__":

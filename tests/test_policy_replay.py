@@ -58,3 +58,19 @@ def test_a_draft_that_is_always_wrong_leaves_plain_decoding(replay_module):
     assert fixed[1] == 1.0 and fixed[0] < 0.9  # one token per drafted cycle: slower than plain
     assert adaptive[2] > adaptive[3] / 2  # the adaptive policy steps plainly most of the time
     assert adaptive[0] > fixed[0]
+
+
+def test_replayed_as_on_a_gpu_every_proposal_is_verified_whatever_the_draft_says(replay_module):
+    """A right draft that doubts all but its first proposal: the CPU's fixed rule (threshold 0.2)
+    verifies one proposal a cycle; as on a GPU, where the confidence is not read before the verify,
+    the fixed rule verifies the whole block, at the costs `--gpu-costs` gives."""
+    rec = record(right=True)
+    rec["confidence"] = [[0.95] + [0.05] * (B - 2)] * len(rec["confidence"])
+    costs = replay_module.gpu_costs("50,15,50,85", B)
+    assert costs["short"]["verify_s"][0] == pytest.approx(0.05) and costs["short"]["verify_s"][-1] == pytest.approx(
+        0.085
+    )
+    rng = np.random.default_rng
+    cpu = replay_module.replay(rec, COSTS, COSTS, {}, B, "fixed", rng(0), 0.0)
+    gpu = replay_module.replay(rec, costs["short"], costs["probe"], {}, B, "fixed", rng(0), 0.0, gpu=True)
+    assert cpu[1] <= 2 and gpu[1] > 6
