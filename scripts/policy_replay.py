@@ -211,15 +211,26 @@ def hindsight(rec: dict, costs: dict, B: int) -> float:
     return (end - start) * costs["plain_s"] / best[start]
 
 
-def gpu_costs(ms: str, B: int) -> dict:
-    """'PLAIN,DRAFT,VERIFY_1,VERIFY_B' (ms) as the costs of every context: a verify's rows priced
+def milliseconds(text: str) -> tuple:
+    """--gpu-costs' four figures."""
+    try:
+        ms = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        ms = ()
+    if len(ms) != 4 or min(ms) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give four positive milliseconds, e.g. 3.3,1.0,3.6,4.2")
+    return ms
+
+
+def gpu_costs(ms: tuple, B: int) -> dict:
+    """(PLAIN, DRAFT, VERIFY_1, VERIFY_B) ms as the costs of every context: a verify's rows priced
     on the line between one row and B."""
-    plain, draft, one, whole = (float(x) / 1e3 for x in ms.split(","))
+    plain, draft, one, whole = (x / 1e3 for x in ms)
     costs = {"plain_s": plain, "draft_s": draft, "verify_s": [one + (whole - one) * v / (B - 1) for v in range(B)]}
     return {"probe": costs, "short": costs, "long": costs}
 
 
-def report(data: dict, seeds: int, noise: float, gpu_ms: str = None):
+def report(data: dict, seeds: int, noise: float, gpu_ms: tuple = None):
     B, prior = data["block_size"], data["prior"]
     c = gpu_costs(gpu_ms, B) if gpu_ms else data["costs"]
     print(
@@ -263,6 +274,7 @@ def main():
     ap.add_argument("--noise", type=float, default=0.05, help="relative noise of each cycle's measured seconds")
     ap.add_argument(
         "--gpu-costs",
+        type=milliseconds,
         metavar="PLAIN,DRAFT,VERIFY_1,VERIFY_B",
         help="replay as on a GPU at these costs (ms), instead of the recorded ones: the draft's confidence "
         "not read before the verify, the fixed rule verifying every proposal (the long prompt left out)",

@@ -66,7 +66,7 @@ def test_replayed_as_on_a_gpu_every_proposal_is_verified_whatever_the_draft_says
     the fixed rule verifies the whole block, at the costs `--gpu-costs` gives."""
     rec = record(right=True)
     rec["confidence"] = [[0.95] + [0.05] * (B - 2)] * len(rec["confidence"])
-    costs = replay_module.gpu_costs("50,15,50,85", B)
+    costs = replay_module.gpu_costs(replay_module.milliseconds("50,15,50,85"), B)
     assert costs["short"]["verify_s"][0] == pytest.approx(0.05) and costs["short"]["verify_s"][-1] == pytest.approx(
         0.085
     )

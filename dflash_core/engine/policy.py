@@ -187,7 +187,8 @@ class CostModel:
     steps, drafted cycles) and then, for drafted cycles, per v, where the kind's level stands in
     for PRIOR_V_CYCLES cycles until v has been seen. A ratio of sums, not a mean of ratios:
     pipelined cycles take uneven turns (a cycle's wait is short where the device finished it
-    while the host built the next) that add up to the right total. Until a kind has been seen it follows the other's."""
+    while the host built the next) that add up to the right total. Until a kind has been seen it
+    follows the other's."""
 
     def __init__(self, profile: CostProfile):
         self.profile = profile
