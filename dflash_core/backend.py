@@ -42,15 +42,16 @@ def blas_threads() -> int:
     return _OPENBLAS.openblas_get_num_threads() if _PER_ENGINE_THREADS else 0
 
 
-def default_min_confidence() -> float:
-    """The draft confidence below which proposals are not verified (policy.confident_prefix).
+def default_min_confidence(cpu: bool = None) -> float:
+    """The draft confidence below which proposals are not verified (policy.confident_prefix), on
+    a CPU or not (None: this process's device).
     On a CPU each verified row costs time, and proposals the draft gives under 20% are rarely
     accepted. With the shipped SmolLM2 pair on 2 cores (3 repeats side by side, block 8): 0.2 and
     0.3 read the same (1.44x / 1.49x median, 1.62x / 1.61x overall). On a GPU all go: on the H200
     0.2 gained inside the noise (0.95x against 0.91x median over 40 requests), and a verify of
     fewer rows runs other float32 kernels there, which rounded one near-tie apart from plain
     greedy decoding."""
-    return 0.2 if on_cpu() else 0.0
+    return 0.2 if (on_cpu() if cpu is None else cpu) else 0.0
 
 
 def draft_vocab_pays() -> bool:

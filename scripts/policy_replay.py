@@ -34,6 +34,7 @@ import dflash_core  # noqa: E402,F401  (system OpenBLAS before MLX)
 # isort: split
 import mlx.core as mx  # noqa: E402
 
+from dflash_core import backend  # noqa: E402
 from dflash_core.engine.cycle import accepted_length  # noqa: E402
 from dflash_core.engine.events import CycleEvent, RunSummary  # noqa: E402
 from dflash_core.engine.policy import (  # noqa: E402
@@ -127,8 +128,8 @@ def replay(
         B,
         CostModel(CostProfile(probe["draft_s"], probe["verify_s"])),
         AcceptancePredictor(B, prior),
-        None if policy != "fixed" else 0.0 if gpu else 0.2,
-        reads_confidence=not gpu,
+        None if policy != "fixed" else backend.default_min_confidence(cpu=not gpu),
+        reads_confidence=not gpu,  # as the engine passes backend.on_cpu()
     )
 
     def seconds(x):

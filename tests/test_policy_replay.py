@@ -67,9 +67,8 @@ def test_replayed_as_on_a_gpu_every_proposal_is_verified_whatever_the_draft_says
     rec = record(right=True)
     rec["confidence"] = [[0.95] + [0.05] * (B - 2)] * len(rec["confidence"])
     costs = replay_module.gpu_costs(replay_module.milliseconds("50,15,50,85"), B)
-    assert costs["short"]["verify_s"][0] == pytest.approx(0.05) and costs["short"]["verify_s"][-1] == pytest.approx(
-        0.085
-    )
+    verify_s = costs["short"]["verify_s"]
+    assert verify_s[0] == pytest.approx(0.05) and verify_s[-1] == pytest.approx(0.085)
     rng = np.random.default_rng
     cpu = replay_module.replay(rec, COSTS, COSTS, {}, B, "fixed", rng(0), 0.0)
     gpu = replay_module.replay(rec, costs["short"], costs["probe"], {}, B, "fixed", rng(0), 0.0, gpu=True)
