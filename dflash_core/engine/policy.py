@@ -31,7 +31,7 @@ PRIOR_V_CYCLES = 2  # a v not verified lately is estimated as if seen this often
 # Whether drafting pays is judged by its recent rate (tokens per second of drafted cycles), each
 # cycle weighing less as output goes by: its weight halves every HALF_LIFE tokens, plain steps'
 # tokens included, over a prior of PRIOR_CYCLES cycles at what the acceptance predictor and the
-# cost model expect of a cycle as the policy runs it. Accepted lengths vary widely cycle to cycle (a rejection at
+# cost model expect of a whole block. Accepted lengths vary widely cycle to cycle (a rejection at
 # the first proposal is common even where drafting pays), so a bad run of cycles turns a run to
 # plain steps now and then; the evidence then fades as plain tokens go by, and once the estimate
 # is back at plain decoding's rate the next cycle drafts again (a probe), whose outcome counts
@@ -313,24 +313,10 @@ class Policy:
     def name(self) -> str:
         return "adaptive" if self.adaptive else "fixed"
 
-    def best_v(self, p_accept: list) -> int:
-        """The proposals worth verifying: each further row must earn more tokens than plain
-        decoding would in its time (Dinkelbach's criterion for a rate, maximise tokens - rate *
-        seconds, at the plain rate: a lower bound of the best rate, which keeps rows that the
-        predictor undervalues where accepted runs are long). At least one row: a cycle that
-        verifies nothing tells nothing."""
-        rate = 1 / self.costs.plain_s()
-        return max(range(1, self.B), key=lambda n: expected_tokens(p_accept, n) - rate * self.costs.cycle_s(n))
-
     def drafting(self) -> tuple:
-        """Drafting's expected (tokens, plain steps) a cycle, from recent cycles over the prior: a
-        cycle as this policy runs it, verifying what pays by block position. (A whole block's
-        prior priced a CPU's cycle at its 8-row verify, 2.1 plain steps, where the cycles verify
-        1-3 rows for 1.3-1.6: on the black-hole example's hard opening the prior then said
-        drafting does not pay, and the run stepped plainly through the reply's easier end.)"""
-        p = self.acceptance.p(None)
-        v = self.best_v(p)
-        prior = expected_tokens(p, v), self.costs.cycle_s(v)
+        """Drafting's expected (tokens, plain steps) a cycle, from recent cycles over the prior."""
+        v = self.B - 1
+        prior = expected_tokens(self.acceptance.p(None), v), self.costs.cycle_s(v)
         tokens, seconds = self.rate.per_cycle(*prior)
         return tokens, seconds / self.costs.plain_s()
 
@@ -366,9 +352,9 @@ class Policy:
             return False
         if not self.early_probes or len(self.target_sure) < self.target_sure.maxlen:
             return True
-        sure = [sum(self.target_sure) / len(self.target_sure)] * (self.B - 1)
-        v = self.best_v(sure)
-        self.early_probe = expected_tokens(sure, v) >= self.costs.cycle_s(v) / self.costs.plain_s()
+        sure = sum(self.target_sure) / len(self.target_sure)
+        v = self.B - 1
+        self.early_probe = expected_tokens([sure] * v, v) >= self.costs.cycle_s(v) / self.costs.plain_s()
         return not self.early_probe
 
     def after_draft(self, confidence: list | None) -> Decision:
@@ -377,8 +363,14 @@ class Policy:
         plain_s = self.costs.plain_s()
         p = self.acceptance.p(confidence)
         probe = self.adaptive and self.plain_streak > 0 and not self.calibrating
-        if self.adaptive:  # the draft is paid for: the rows that pay
-            v = self.best_v(p)
+        if self.adaptive:
+            # The draft is paid for; each further row must earn more tokens than plain decoding
+            # would in its time (Dinkelbach's criterion for a rate, maximise tokens - rate *
+            # seconds, at the plain rate: a lower bound of the best rate, which keeps rows that
+            # the predictor undervalues where accepted runs are long). At least one row: a cycle
+            # that verifies nothing tells nothing.
+            rate = 1 / plain_s
+            v = max(range(1, self.B), key=lambda n: expected_tokens(p, n) - rate * self.costs.cycle_s(n))
         elif self.min_confidence > 0:
             v = confident_prefix(confidence, self.min_confidence)
         else:
