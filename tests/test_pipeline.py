@@ -126,6 +126,27 @@ def test_compiled_cycles_are_lossless(random_pairs, family):
     assert graphs.traces == len(graphs._graphs)
 
 
+def test_a_compiled_run_traces_every_graph_before_its_first_cycle(random_pairs):
+    """Every graph a run may take (a plain step, each verified count) is traced before its first
+    cycle is launched and timed, and not again during the run nor in a later run of the same cache
+    size; the output stays plain greedy's."""
+    pair = random_pairs["qwen3"]
+    pair.target.compiled_cycles.clear()
+    B = 5
+    for prompt in PROMPTS[:2]:
+        ids = pair.encode(prompt, chat_template=False)
+        _, base = run(pair.baseline(ids, 24))
+        runs = pair.dflash(ids, 24, B, min_confidence=0.0, policy="fixed", pipelined=True, compiled=True)
+        next(runs)  # the first cycle has been launched and read
+        ((_, _, graphs),) = pair.target.compiled_cycles.values()
+        assert sorted(graphs._graphs, key=str) == [*range(B), "plain"]
+        traced = graphs.traces
+        assert traced == B + 1
+        _, ours = run(runs)
+        assert ours.tokens == base.tokens and ours.compiled
+        assert graphs.traces == traced  # nothing traced while the cycles ran, nor in the second run
+
+
 def test_compiled_caches_have_one_size_per_bucket():
     sizes = (1, 300, 512, 513, 3000, 4096, 4097, 30000)
     assert [capacity_for(n) for n in sizes] == [512, 512, 512, 1024, 4096, 4096, 8192, 32768]

@@ -107,18 +107,19 @@ def pipelined_cycles(
         ctx.extend(taps, kept=1)
         return sure, token, token[0]
 
+    # every graph a cycle may take: a plain step, or a drafted cycle verifying v proposals
+    works = {"plain": (plain_work, 1), **{v: (partial(device_work, v), v + 1) for v in range(B)}}
+    if graphs is not None:  # before the first cycle is timed
+        graphs.prepare(works, target, ctx, (mx.array([staged], dtype=mx.int32), *inputs))
+
     def launch(decision: Decision, staged_token: mx.array, room: int) -> Launched:
         """Cycle on its way; `room`: the tokens the budget surely has left when it commits (the
         last cycle verifies no more proposals than fit after its staged token)."""
         t = time.perf_counter()
-        first = staged_token.reshape(1)
-        if decision.plain_step:
-            v, key, work = 0, "plain", plain_work
-        else:
-            v = min(decision.verified, room - 1)
-            key, work = v, partial(device_work, v)
-        args = (first, *inputs)
-        outputs = work(*args) if graphs is None else graphs.run(work, key, v + 1, target, ctx, args)
+        key = "plain" if decision.plain_step else min(decision.verified, room - 1)
+        v = 0 if decision.plain_step else key
+        args = (staged_token.reshape(1), *inputs)
+        outputs = works[key][0](*args) if graphs is None else graphs.run(works, key, target, ctx, args)
         mx.async_eval(*outputs, target_length.offset, ctx.length)
         if decision.plain_step:  # in Launched's order: no drafted block, no accepted count
             sure, token, next_staged = outputs
@@ -238,24 +239,17 @@ def _load(target, ctx, state: list):
 
 class CompiledCycles:
     """A pair's cycles (pipelined_cycles' device_work and plain_work) as compiled graphs, one per
-    verified count and one for a plain step: the state goes in and comes out as arrays. A graph holds the weights it was traced with,
-    so one of these serves one (target, draft, head, block)."""
+    verified count and one for a plain step: the state goes in and comes out as arrays. A graph
+    holds the weights it was traced with, so one of these serves one (target, draft, head, block)."""
 
     def __init__(self):
         self._graphs = {}  # verified count, or "plain" -> the compiled function
         self._run = None  # (device_work, target, ctx) of the call being traced
         self._warm = False
+        self._sizes = set()  # the cache sizes at which every graph has been traced and run
         self.traces = 0  # graphs traced: one per key and cache size, however many runs
 
-    def run(self, work, key, fed: int, target, ctx, args: tuple) -> tuple:
-        """work(*args)'s outputs, its state updates made as it would make them; `key`: the graph's
-        (what shapes it), `fed`: the rows it feeds the target, `args`: the staged token and what
-        else the graph reads (inputs, not constants: a graph serves every run of its shapes)."""
-        if not self._warm:
-            # the first cycle runs as it is: it runs what evaluates once per process (the fused
-            # attention's self-checks), which a trace may not
-            self._warm = True
-            return work(*args)
+    def _graph(self, key):
         graph = self._graphs.get(key)
         if graph is None:
 
@@ -267,17 +261,53 @@ class CompiledCycles:
                 return [*_state(tgt, cx), *outputs]
 
             graph = self._graphs[key] = mx.compile(traced)
-        bounds = target.cache[0].length.bound, ctx.device_length.bound
+        return graph
+
+    def _call(self, key, work, target, ctx, args: tuple) -> tuple:
+        """(the state the graph leaves, work's outputs), the caches as they were."""
         state = _state(target, ctx)
         self._run = (work, target, ctx, len(args))
         try:
-            out = graph(*args, *state)
+            out = self._graph(key)(*args, *state)
         finally:
             self._run = None
-        _load(target, ctx, out[: len(state)])
+            _load(target, ctx, state)  # a trace leaves its placeholders in them
+        return out[: len(state)], out[len(state) :]
+
+    def prepare(self, works: dict, target, ctx, args: tuple):
+        """Trace and run every graph of `works` (key -> (work, rows fed)) at the caches' present
+        size, where not done yet, leaving the caches as they were; `args`: a cycle's (a staged
+        token and what else it reads). Traced on demand instead, a graph's trace (the host
+        building and fusing its ~800 operations) and its kernels' first compilation would fall
+        inside the cycle that first takes it, which the policy would time as that cycle's cost;
+        the adaptive policy takes up to B + 1 graphs a run, the fixed rule two or three."""
+        size = target.cache[0].keys.shape[2]
+        if size in self._sizes:
+            return
+        self._sizes.add(size)
+        bounds = target.cache[0].length.bound, ctx.device_length.bound
+        state = _state(target, ctx)
+        for key, (work, _) in works.items():
+            if not self._warm:
+                # each work runs as it is once a process first: that evaluates what runs once
+                # (the fused attention's self-checks), which a trace may not
+                mx.eval(work(*args))
+                _load(target, ctx, state)
+            mx.eval(self._call(key, work, target, ctx, args))
+            target.cache[0].length.bound, ctx.device_length.bound = bounds
+        self._warm = True
+
+    def run(self, works: dict, key, target, ctx, args: tuple) -> tuple:
+        """The outputs of works[key] = (work, rows fed) on `args` (the staged token and what else
+        the graph reads: inputs, not constants, so that a graph serves every run of its shapes),
+        its state updates made as the work would make them."""
+        work, fed = works[key]
+        bounds = target.cache[0].length.bound, ctx.device_length.bound
+        state, outputs = self._call(key, work, target, ctx, args)
+        _load(target, ctx, state)
         # the host's bounds advance as the work's would (a replay runs no Python)
         target.cache[0].length.bound, ctx.device_length.bound = (b + fed for b in bounds)
-        return tuple(out[len(state) :])
+        return tuple(outputs)
 
 
 def compiled_cycles(target, draft, head, B: int, oracle: bool = False) -> CompiledCycles:
