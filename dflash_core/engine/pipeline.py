@@ -264,14 +264,14 @@ class CompiledCycles:
         return graph
 
     def _call(self, key, work, target, ctx, args: tuple) -> tuple:
-        """(the state the graph leaves, work's outputs), the caches as they were."""
+        """(the state the graph leaves, work's outputs); a trace leaves its placeholders in the
+        caches, for the caller to replace."""
         state = _state(target, ctx)
         self._run = (work, target, ctx, len(args))
         try:
             out = self._graph(key)(*args, *state)
         finally:
             self._run = None
-            _load(target, ctx, state)  # a trace leaves its placeholders in them
         return out[: len(state)], out[len(state) :]
 
     def prepare(self, works: dict, target, ctx, args: tuple):
@@ -294,6 +294,7 @@ class CompiledCycles:
                 mx.eval(work(*args))
                 _load(target, ctx, state)
             mx.eval(self._call(key, work, target, ctx, args))
+            _load(target, ctx, state)
             target.cache[0].length.bound, ctx.device_length.bound = bounds
         self._warm = True
 
