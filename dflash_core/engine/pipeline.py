@@ -287,15 +287,19 @@ class CompiledCycles:
         self._sizes.add(size)
         bounds = target.cache[0].length.bound, ctx.device_length.bound
         state = _state(target, ctx)
+
+        def restore():  # the caches and the host's bounds of their length, as they were
+            _load(target, ctx, state)
+            target.cache[0].length.bound, ctx.device_length.bound = bounds
+
         for key, (work, _) in works.items():
             if not self._warm:
                 # each work runs as it is once a process first: that evaluates what runs once
                 # (the fused attention's self-checks), which a trace may not
                 mx.eval(work(*args))
-                _load(target, ctx, state)
+                restore()
             mx.eval(self._call(key, work, target, ctx, args))
-            _load(target, ctx, state)
-            target.cache[0].length.bound, ctx.device_length.bound = bounds
+            restore()
         self._warm = True
 
     def run(self, works: dict, key, target, ctx, args: tuple) -> tuple:
