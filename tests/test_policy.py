@@ -19,6 +19,7 @@ from dflash_core.engine.policy import (
     CALIBRATION_STEPS,
     HALF_LIFE,
     MAX_PROBE_WAIT,
+    OUTLIER,
     PRIOR_TRIALS,
     RECALIBRATE,
     TARGET_WINDOW,
@@ -93,6 +94,10 @@ def test_the_cost_model_follows_measured_time_per_kind():
         costs.observe(False, 1, 0.06)
     assert costs.cycle_s(1) == pytest.approx(0.06, rel=0.01)
     assert costs.cycle_s(1) < costs.cycle_s(2)  # v = 2 is not seen: the level of the kind stands in
+    # a hiccup (a cycle 50 times its prediction) counts as OUTLIER times the prediction
+    predicted = costs.cycle_s(1)
+    assert costs.observe(False, 1, 50 * predicted) == pytest.approx(OUTLIER * predicted)
+    assert costs.cycle_s(1) < OUTLIER * predicted / 2
 
 
 def _policy(verify_s, draft_s=0.01, prior=None, B=8):
@@ -171,6 +176,20 @@ def test_a_bad_patch_turns_to_plain_steps_until_it_has_faded():
         assert pol.before_draft() is None and "probe after" in pol.after_draft(None).reason
         streaks.append(streak)
     assert streaks == sorted(streaks) and streaks[0] <= HALF_LIFE  # a longer patch, a longer streak
+
+
+def test_a_probes_switch_from_plain_steps_is_not_charged_to_drafting():
+    """A probe that pays by its outcome (4 tokens) but took 20 cycles' time (on a GPU the first
+    drafted cycle after a plain streak took up to 200 ms where drafting's take 5-9): drafting goes
+    on, and the cost model keeps its level."""
+    streak, pol = _bad_patch(12)
+    assert streak > 0 and pol.before_draft() is None  # the probe
+    level = pol.costs.cycle_s(7)
+    pol.observe(_cycle([0.9] * 7, 7, 3), 20 * level)
+    assert pol.costs.cycle_s(7) == pytest.approx(level)
+    assert pol.before_draft() is None and pol.plain_streak == 0  # drafting goes on
+    pol.observe(_cycle([0.9] * 7, 7, 3), 20 * level)  # the same time in a drafting run counts
+    assert pol.costs.cycle_s(7) > 1.2 * level
 
 
 def test_a_plain_step_is_timed_before_drafting_is_judged_to_pay():

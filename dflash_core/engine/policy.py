@@ -55,6 +55,12 @@ TARGET_WINDOW = 4  # plain tokens whose target probability can call a probe earl
 # costs what plain decoding costs, so measuring it loses nothing against the baseline.
 CALIBRATION_STEPS = 2
 RECALIBRATE = 64
+# A cycle timed at more than OUTLIER times the model's prediction counts as OUTLIER times it: a
+# hiccup (a collection, the device's graph cache refilled) would otherwise set the level of its
+# kind for several cycles, and drafting's rate for HALF_LIFE tokens. Above the probe's worst error
+# of shape (a drafted cycle measured 1.8 plain steps on a CPU where probed at 1.0-1.1), so a
+# wrong shape is still corrected within a cycle or two.
+OUTLIER = 3.0
 
 
 def _bin_middle(b: int) -> float:
@@ -218,12 +224,15 @@ class CostModel:
         """A verify of v proposals alone, with no draft forward (a copy from the context)."""
         return self.profile.verify_s[v] * self._scale("drafted")
 
-    def observe(self, plain: bool, v: int, seconds: float):
+    def observe(self, plain: bool, v: int, seconds: float) -> float:
+        """Fold in a cycle's time; returns it as counted (at most OUTLIER times its prediction)."""
+        seconds = min(seconds, OUTLIER * (self.plain_s() if plain else self.cycle_s(v)))
         probed = self._probed(plain, v)
         rows = [self.sums["plain" if plain else "drafted"]] + ([] if plain else [self.by_v[v]])
         for sums in rows:
             sums[0] = COST_MEMORY * sums[0] + seconds
             sums[1] = COST_MEMORY * sums[1] + probed
+        return seconds
 
 
 class DraftingRate:
@@ -426,7 +435,14 @@ class Policy:
     def observe(self, ev: CycleEvent, seconds: float):
         """A finished cycle: its timing and outcome update the models."""
         plain = ev.decision.plain_step
-        self.costs.observe(plain, ev.verified, seconds)
+        if not plain and self.plain_streak:
+            # A probe's time includes the switch from plain steps, which drafting, if it goes on,
+            # does not pay again: on an H100 a drafted cycle after 13-128 plain steps took 29-200
+            # ms where drafting's cycles take 5-9, which kept runs that drafting speeds up 2-4x in
+            # plain steps to their end. Its outcome counts at the cost the model predicts.
+            seconds = self.costs.cycle_s(ev.verified)
+        else:
+            seconds = self.costs.observe(plain, ev.verified, seconds)
         tokens = ev.accepted_len + 1
         self.rate.age(tokens)
         if plain:
