@@ -436,10 +436,10 @@ class Policy:
         """A finished cycle: its timing and outcome update the models."""
         plain = ev.decision.plain_step
         if not plain and self.plain_streak:
-            # A probe's time includes the switch from plain steps, which drafting, if it goes on,
-            # does not pay again: on an H100 a drafted cycle after 13-128 plain steps took 29-200
-            # ms where drafting's cycles take 5-9, which kept runs that drafting speeds up 2-4x in
-            # plain steps to their end. Its outcome counts at the cost the model predicts.
+            # A probe pays for leaving plain steps, which drafting, if it goes on, does not pay
+            # again: it runs alone (nothing is launched behind a cycle whose outcome decides the
+            # next), and a synchronous run's probe extends the draft's context by every plain
+            # step's features at once. Its outcome counts at the cost the model predicts.
             seconds = self.costs.cycle_s(ev.verified)
         else:
             seconds = self.costs.observe(plain, ev.verified, seconds)
