@@ -179,9 +179,9 @@ def test_a_bad_patch_turns_to_plain_steps_until_it_has_faded():
 
 
 def test_a_probes_switch_from_plain_steps_is_not_charged_to_drafting():
-    """A probe that pays by its outcome (4 tokens) but took 20 cycles' time (on a GPU the first
-    drafted cycle after a plain streak took up to 200 ms where drafting's take 5-9): drafting goes
-    on, and the cost model keeps its level."""
+    """A probe that pays by its outcome (4 tokens) but took 20 cycles' time (it pays for leaving
+    plain steps: it runs alone, and extends the draft's context by every plain step's features):
+    drafting goes on, and the cost model keeps its level."""
     streak, pol = _bad_patch(12)
     assert streak > 0 and pol.before_draft() is None  # the probe
     level = pol.costs.cycle_s(7)
