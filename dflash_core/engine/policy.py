@@ -57,9 +57,9 @@ CALIBRATION_STEPS = 2
 RECALIBRATE = 64
 # A cycle timed at more than OUTLIER times the model's prediction counts as OUTLIER times it: a
 # hiccup (12-26 ms among 5-9 ms cycles on an H100: a collection, the host descheduled) would
-# otherwise set the level of its kind for several cycles, and drafting's rate for HALF_LIFE tokens. Above the probe's worst error
-# of shape (a drafted cycle measured 1.8 plain steps on a CPU where probed at 1.0-1.1), so a
-# wrong shape is still corrected within a cycle or two.
+# otherwise set the level of its kind for several cycles, and drafting's rate for HALF_LIFE
+# tokens. Above the probe's worst error of shape (a drafted cycle measured 1.8 plain steps on a
+# CPU where probed at 1.0-1.1), so a wrong shape is still corrected within a cycle or two.
 OUTLIER = 3.0
 
 
