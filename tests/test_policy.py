@@ -100,6 +100,39 @@ def test_the_cost_model_follows_measured_time_per_kind():
     assert costs.cycle_s(1) < OUTLIER * predicted / 2
 
 
+def test_a_run_starts_from_the_level_the_last_run_of_its_way_measured():
+    profile = CostProfile(draft_s=0.01, verify_s=[0.1, 0.11, 0.12, 0.15])
+    first = CostModel(profile, way="pipelined")
+    for _ in range(30):  # the drafted cycles run twice as slow as probed, the plain steps as probed
+        first.observe(False, 3, 0.32)
+        first.observe(True, 0, 0.1)
+    first.carry()
+    again = CostModel(profile, way="pipelined")
+    assert again.cycle_s(3) == pytest.approx(0.32, rel=1e-3) and again.timed_plain()
+    assert Policy(8, again, AcceptancePredictor(8)).since_plain == 0  # a plain step's cost is known
+    other = CostModel(profile, way="synchronous")  # cycles run another way: the probe's level
+    assert other.cycle_s(3) == pytest.approx(0.16) and not other.timed_plain()
+    for _ in range(30):  # the run's own cycles take over
+        again.observe(False, 3, 0.16)
+    assert again.cycle_s(3) == pytest.approx(0.16, rel=0.01)
+    assert CostModel(profile, way="pipelined").cycle_s(3) == pytest.approx(0.32, rel=1e-3)  # until carried
+
+
+def test_the_next_run_does_not_time_plain_steps_again(random_pairs, monkeypatch):
+    """The first pipelined run of a pair times CALIBRATION_STEPS plain steps before it judges that
+    drafting pays; the next starts from what the first measured (CostModel.carry) and drafts
+    throughout. Synchronous runs start from the probe each time."""
+    pair = random_pairs["qwen3"]
+    monkeypatch.setattr(pair, "cost_profiles", {})
+    ids = pair.encode(PROMPTS[0], chat_template=False)
+    _, base = run(pair.baseline(ids, 40))
+    oracle = OracleDraft(len(ids), base.tokens)
+    for pipelined in (True, False):
+        runs = [run(pair.dflash(ids, 40, 6, draft_fn=oracle, pipelined=pipelined))[1] for _ in range(2)]
+        assert [r.tokens for r in runs] == [base.tokens] * 2 and runs[0].pipelined == pipelined
+        assert [r.plain_steps for r in runs] == [CALIBRATION_STEPS, 0 if pipelined else CALIBRATION_STEPS]
+
+
 def _policy(verify_s, draft_s=0.01, prior=None, B=8):
     return Policy(B, CostModel(CostProfile(draft_s, verify_s)), AcceptancePredictor(B, prior))
 

@@ -20,6 +20,11 @@ def replay_module():
     return module
 
 
+def probed(replay_module, costs: dict):
+    """A fresh profile at these costs (no run before)."""
+    return replay_module.CostProfile(costs["draft_s"], costs["verify_s"])
+
+
 def record(right: bool, n: int = 60) -> dict:
     """A reply of n tokens after a 5-token prompt; at each position the draft proposes the next
     B-1 reply tokens (right) or tokens that never occur (wrong), sure of them either way."""
@@ -44,7 +49,7 @@ def test_a_draft_that_is_always_right_reaches_its_ceiling(replay_module):
     # every cycle commits B tokens for a draft and an 8-row verify
     assert ceiling == pytest.approx(8 * 0.05 / (0.015 + 0.05 + 0.005 * 7), rel=0.15)
     speedup, per_cycle, plain, cycles = replay_module.replay(
-        rec, COSTS, COSTS, {}, B, "fixed", np.random.default_rng(0), 0.0
+        rec, COSTS, probed(replay_module, COSTS), {}, B, "fixed", np.random.default_rng(0), 0.0
     )
     assert plain == 0 and per_cycle > 6
     assert speedup <= ceiling + 1e-9
@@ -53,8 +58,12 @@ def test_a_draft_that_is_always_right_reaches_its_ceiling(replay_module):
 def test_a_draft_that_is_always_wrong_leaves_plain_decoding(replay_module):
     rec = record(right=False)
     assert replay_module.hindsight(rec, COSTS, B) == pytest.approx(1.0)
-    fixed = replay_module.replay(rec, COSTS, COSTS, {}, B, "fixed", np.random.default_rng(0), 0.0)
-    adaptive = replay_module.replay(rec, COSTS, COSTS, {}, B, "adaptive", np.random.default_rng(0), 0.0)
+    fixed = replay_module.replay(
+        rec, COSTS, probed(replay_module, COSTS), {}, B, "fixed", np.random.default_rng(0), 0.0
+    )
+    adaptive = replay_module.replay(
+        rec, COSTS, probed(replay_module, COSTS), {}, B, "adaptive", np.random.default_rng(0), 0.0
+    )
     assert fixed[1] == 1.0 and fixed[0] < 0.9  # one token per drafted cycle: slower than plain
     assert adaptive[2] > adaptive[3] / 2  # the adaptive policy steps plainly most of the time
     assert adaptive[0] > fixed[0]
@@ -70,6 +79,8 @@ def test_replayed_as_on_a_gpu_every_proposal_is_verified_whatever_the_draft_says
     verify_s = costs["short"]["verify_s"]
     assert verify_s[0] == pytest.approx(0.05) and verify_s[-1] == pytest.approx(0.085)
     rng = np.random.default_rng
-    cpu = replay_module.replay(rec, COSTS, COSTS, {}, B, "fixed", rng(0), 0.0)
-    gpu = replay_module.replay(rec, costs["short"], costs["probe"], {}, B, "fixed", rng(0), 0.0, gpu=True)
+    cpu = replay_module.replay(rec, COSTS, probed(replay_module, COSTS), {}, B, "fixed", rng(0), 0.0)
+    gpu = replay_module.replay(
+        rec, costs["short"], probed(replay_module, costs["probe"]), {}, B, "fixed", rng(0), 0.0, gpu=True
+    )
     assert cpu[1] <= 2 and gpu[1] > 6

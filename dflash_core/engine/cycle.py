@@ -118,11 +118,17 @@ def dflash_generate(
     key = (B, draft_vocab is not None, backend.blas_threads(), most_rows)
     if key not in profiles:
         profiles[key] = probe_costs(target, draft, head, B, prompt_ids[:PROBE_CONTEXT], most_rows)
+    threshold = None if policy == "adaptive" else min_confidence
+    # a fixed --min-confidence reads the draft's confidences before it verifies: no pipeline
+    proposes_on_device = draft_fn is None or hasattr(draft_fn, "on_device")  # OracleDraft does
+    pipelinable = target.plain_kv() and proposes_on_device and not (sampling or copy or draft.slides or threshold)
+    pipelined = pipelinable and (pipeline_default() if pipelined is None else pipelined)
+    compiled = pipelined and proposes_on_device and (compile_default() if compiled is None else compiled)
     rule = Policy(
         B,
-        CostModel(profiles[key]),
+        CostModel(profiles[key], way=(pipelined, compiled, draft_fn is None)),
         AcceptancePredictor(B, None if sampling else acceptance_prior),
-        None if policy == "adaptive" else min_confidence,
+        threshold,
         reads_confidence=backend.on_cpu(),
     )
     mx.reset_peak_memory()
@@ -157,13 +163,6 @@ def dflash_generate(
             copies.extend(event.committed)
         tally.add(event)
         return event
-
-    # a fixed --min-confidence reads the draft's confidences before it verifies: no pipeline
-    proposes_on_device = draft_fn is None or hasattr(draft_fn, "on_device")  # OracleDraft does
-    pipelinable = target.plain_kv() and proposes_on_device and not (sampling or copy or draft.slides)
-    pipelinable = pipelinable and not rule.min_confidence
-    pipelined = pipelinable and (pipeline_default() if pipelined is None else pipelined)
-    compiled = pipelined and proposes_on_device and (compile_default() if compiled is None else compiled)
 
     if pipelined:  # every cycle, drafted or plain, launched before the last one is read
         staged = yield from pipelined_cycles(
@@ -287,6 +286,8 @@ def dflash_generate(
             copied_from=copied.start if copied else None,
             copy_match=copied.match if copied else 0,
         )
+    if pipelined:  # the probe times synchronous forwards: the next pipelined run starts from this one's level
+        rule.costs.carry()
     if prefix_cache is not None:
         prefix_cache.store(target, ctx, prompt_ids + tokens)
     yield RunSummary(

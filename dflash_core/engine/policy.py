@@ -3,21 +3,23 @@
 The adaptive policy maximises expected committed tokens per expected second. It rests on
 - a cost model of this device, pair and context (`CostModel`): a short probe at first use gives
   the shape (a draft forward, target forwards of 1..B rows), and the engine's own timing of every
-  cycle keeps its scale current as the context grows or the machine slows;
+  cycle keeps its scale current as the context grows or the machine slows (a pipelined run starts
+  from where the last one of its pair left it);
 - an acceptance predictor (`AcceptancePredictor`): the chance that a proposal is accepted, given
   that the ones before it were and the draft's own probability of it, starting from a prior the
   draft ships and calibrated on the run's own cycles.
 Before a cycle it decides between drafting and a plain target step (v = 0: no draft forward is
 paid); after drafting, how many proposals v to verify. A run in plain steps drafts again now and
-then (a probe, at doubling intervals, or sooner where the target's own probability of its recent
-tokens says the text has turned predictable). The fixed policy verifies the draft's confident
+then (a probe: once the evidence against drafting has faded, at most MAX_PROBE_WAIT steps on, or
+sooner where the target's own probability of its recent tokens says the text has turned
+predictable). The fixed policy verifies the draft's confident
 prefix of a whole block (`--min-confidence`) and never steps plainly.
 """
 
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
@@ -50,9 +52,10 @@ TARGET_WINDOW = 4  # plain tokens whose target probability can call a probe earl
 # A run that drafts from its first cycle on would never time a plain step: the cost model would
 # take it from the probe's shape (one row's verify scaled like the drafted cycles), which on a CPU
 # put a drafted cycle at 1.0-1.1 plain steps where it measured 1.8, and drafting went on at 0.82x.
-# So where the run goes on drafting and no plain step has been timed (or none for RECALIBRATE drafted
-# cycles: costs move as the context grows), CALIBRATION_STEPS plain steps are taken: a plain step
-# costs what plain decoding costs, so measuring it loses nothing against the baseline.
+# So where the run goes on drafting and no plain step has been timed (in this run or, for a
+# pipelined run, one before it: CostModel.carry; or none for RECALIBRATE drafted cycles: costs
+# move as the context grows), CALIBRATION_STEPS plain steps are taken: a plain step costs what
+# plain decoding costs, so measuring it loses nothing against the baseline.
 CALIBRATION_STEPS = 2
 RECALIBRATE = 64
 # A cycle timed at more than OUTLIER times the model's prediction counts as OUTLIER times it: a
@@ -124,6 +127,13 @@ class CostProfile:
 
     draft_s: float
     verify_s: list
+    # what pipelined runs measured, by how their cycles ran ((pipelined, compiled, the draft's own
+    # proposals): CostModel.carry), so that such a run starts from the last one's level instead of
+    # the probe's, which times synchronous forwards: on an H100 it put a compiled cycle at 2.1 plain
+    # steps where runs measured 1.5 once under way, and runs whose first drafted cycles failed
+    # stepped plainly on it. (Synchronous runs start from the probe: replayed on a CPU's costs,
+    # carrying the level from run to run read 0.87x on the long prompt against 0.97x.)
+    carried: dict = field(default_factory=dict)
 
 
 def _interpolated(points: dict, n: int) -> list:
@@ -196,10 +206,21 @@ class CostModel:
     while the host built the next) that add up to the right total. Until a kind has been seen it
     follows the other's."""
 
-    def __init__(self, profile: CostProfile):
-        self.profile = profile
-        self.sums = {"plain": [0.0, 0.0], "drafted": [0.0, 0.0]}  # [measured, probed], decayed
-        self.by_v = [[0.0, 0.0] for _ in profile.verify_s]  # drafted cycles: [measured, probed] per v
+    def __init__(self, profile: CostProfile, way=None):
+        self.profile, self.way = profile, way  # way: how the run's cycles run (see CostProfile)
+        sums, by_v = profile.carried.get(way) or (
+            {"plain": [0.0, 0.0], "drafted": [0.0, 0.0]},
+            [[0.0, 0.0]] * len(profile.verify_s),
+        )
+        self.sums = {kind: list(pair) for kind, pair in sums.items()}  # [measured, probed], decayed
+        self.by_v = [list(pair) for pair in by_v]  # drafted cycles: [measured, probed] per v
+
+    def timed_plain(self) -> bool:
+        return self.sums["plain"][1] > 0
+
+    def carry(self):
+        """Leave the run's measured level to the profile's next run of the same way."""
+        self.profile.carried[self.way] = (self.sums, self.by_v)
 
     def _probed(self, plain: bool, v: int) -> float:
         p = self.profile
@@ -305,7 +326,9 @@ class Policy:
         self.drafted_any = False
         self.plain_streak = 0
         self.calibrating = False  # the plain steps in progress time a plain step, not a probe's wait
-        self.since_plain = None  # drafted cycles since the last plain step (None: none yet)
+        # drafted cycles since the last plain step was timed (None: none yet, in this run or, as
+        # carried, an earlier one)
+        self.since_plain = 0 if costs.timed_plain() else None
         self.target_sure = deque(maxlen=TARGET_WINDOW)  # the target's probability of its last plain tokens
         # whether the target's confidence may call a probe early: not after an early probe failed,
         # until drafting pays again (a target sure of a repeated phrase the draft still misses,
