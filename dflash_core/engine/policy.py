@@ -12,8 +12,8 @@ Before a cycle it decides between drafting and a plain target step (v = 0: no dr
 paid); after drafting, how many proposals v to verify. A run in plain steps drafts again now and
 then (a probe: once the evidence against drafting has faded, at most MAX_PROBE_WAIT steps on, or
 sooner where the target's own probability of its recent tokens says the text has turned
-predictable). The fixed policy verifies the draft's confident
-prefix of a whole block (`--min-confidence`) and never steps plainly.
+predictable). The fixed policy verifies the draft's confident prefix of a whole block
+(`--min-confidence`) and never steps plainly.
 """
 
 import math
