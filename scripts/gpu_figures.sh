@@ -23,8 +23,9 @@
 #                                          with the adaptive policy beside the fixed one and the
 #                                          synchronous cycle (REPEAT=N, default 2)
 #   bash scripts/gpu_figures.sh trace     the adaptive policy's predictions against each cycle's measure
-#                                          on the held-out requests where it lost most (policy_trace.py;
-#                                          after `compiled` on the same machine: its kernels are compiled)
+#                                          on the held-out requests it has turned plain on an H100
+#                                          (policy_trace.py, REQUESTS=a,b,.. REPEAT=N; after `compiled`
+#                                          on the same machine: its kernels are compiled)
 #   bash scripts/gpu_figures.sh graphs    MLX CUDA's graph settings (MLX_CUDA_GRAPH_CACHE_SIZE,
 #                                          MLX_MAX_OPS_PER_BUFFER) on the first 12 held-out requests,
 #                                          one repeat each (GRAPH_SETTINGS="CACHE:OPS ..."), the adaptive policy beside the fixed one
@@ -97,7 +98,8 @@ compiled)
     --policy-sweep fixed --pipeline-sweep --repeat "${REPEAT:-2}"
   ;;
 trace)
-  DFLASH_DTYPE=float32 run policy-trace 150 $py scripts/policy_trace.py --requests 3,36,0 --save "$out/policy-trace.json"
+  DFLASH_DTYPE=float32 run policy-trace 200 $py scripts/policy_trace.py --requests "${REQUESTS:-25,9,4,22,36,3}" \
+    --repeat "${REPEAT:-2}" --save "$out/policy-trace.json"
   ;;
 graphs)
   export DFLASH_DTYPE=float32
