@@ -120,14 +120,14 @@ def replay(
 ) -> tuple:
     """(speedup against plain steps at the same costs, tokens per cycle, plain steps, cycles).
     `profile`: the probe's costs, and, as on a GPU, what the runs before this one left there (as
-    one process's runs share it). `gpu`: as the engine runs on a GPU, the draft's confidence not read before
-    the verify and the fixed rule verifying every proposal."""
+    one process's runs share it). `gpu`: as the engine runs on a GPU, the draft's confidence not
+    read before the verify and the fixed rule verifying every proposal."""
     seq, start = rec["seq"], rec["prompt_len"]
     end = len(seq) - 1  # the last reply token ends the run (it is staged, then committed)
     cls = AlwaysDraft if policy == "always draft" else Policy
     rule = cls(
         B,
-        CostModel(profile),
+        CostModel(profile, way="pipelined" if gpu else None),  # a CPU's runs are synchronous
         AcceptancePredictor(B, prior),
         None if policy != "fixed" else backend.default_min_confidence(cpu=not gpu),
         reads_confidence=not gpu,  # as the engine passes backend.on_cpu()
@@ -193,8 +193,7 @@ def replay(
         s = seconds(costs["draft_s"] + costs["verify_s"][v])
         rule.observe(ev, s)
         t, pos, cycles = t + s, pos + a + 1, cycles + 1
-    if gpu:  # as the engine's pipelined runs do (a CPU's are synchronous)
-        rule.costs.carry()
+    rule.costs.carry()
     steps = end - start  # plain decoding's steps after the first token (the prefill's), as timed
     return steps * costs["plain_s"] / t, min(pos - start, steps) / cycles, plain, cycles
 
@@ -254,10 +253,18 @@ def report(data: dict, seeds: int, noise: float, gpu_ms: tuple = None):
             continue
         costs = c["long"] if key.startswith("long_source") else c["short"]
         for policy in ("adaptive", "fixed", "always draft"):
-            for s in range(seeds):
-                profiles.setdefault((policy, s), CostProfile(c["probe"]["draft_s"], c["probe"]["verify_s"]))
             runs = [
-                replay(rec, costs, profiles[policy, s], prior, B, policy, np.random.default_rng(s), noise, bool(gpu_ms))
+                replay(
+                    rec,
+                    costs,
+                    profiles.setdefault((policy, s), CostProfile(c["probe"]["draft_s"], c["probe"]["verify_s"])),
+                    prior,
+                    B,
+                    policy,
+                    np.random.default_rng(s),
+                    noise,
+                    bool(gpu_ms),
+                )
                 for s in range(seeds)
             ]
             rows.setdefault((key.split("/")[0], policy), []).append(float(np.median([r[0] for r in runs])))

@@ -126,7 +126,7 @@ def dflash_generate(
     compiled = pipelined and proposes_on_device and (compile_default() if compiled is None else compiled)
     rule = Policy(
         B,
-        CostModel(profiles[key], way=(pipelined, compiled, draft_fn is None)),
+        CostModel(profiles[key], way=(compiled, draft_fn is None) if pipelined else None),
         AcceptancePredictor(B, None if sampling else acceptance_prior),
         threshold,
         reads_confidence=backend.on_cpu(),
@@ -286,8 +286,7 @@ def dflash_generate(
             copied_from=copied.start if copied else None,
             copy_match=copied.match if copied else 0,
         )
-    if pipelined:  # the probe times synchronous forwards: the next pipelined run starts from this one's level
-        rule.costs.carry()
+    rule.costs.carry()
     if prefix_cache is not None:
         prefix_cache.store(target, ctx, prompt_ids + tokens)
     yield RunSummary(

@@ -127,9 +127,8 @@ class CostProfile:
 
     draft_s: float
     verify_s: list
-    # what pipelined runs measured, by how their cycles ran ((pipelined, compiled, the draft's own
-    # proposals): CostModel.carry), so that such a run starts from the last one's level instead of
-    # the probe's, which times synchronous forwards: on an H100 it put a compiled cycle at 2.1 plain
+    # what pipelined runs measured, by how their cycles ran (CostModel's `way`), so that such a
+    # run starts from the last one's level instead of the probe's, which times synchronous forwards: on an H100 it put a compiled cycle at 2.1 plain
     # steps where runs measured 1.5 once under way, and runs whose first drafted cycles failed
     # stepped plainly on it. (Synchronous runs start from the probe: replayed on a CPU's costs,
     # carrying the level from run to run read 0.87x on the long prompt against 0.97x.)
@@ -207,7 +206,9 @@ class CostModel:
     follows the other's."""
 
     def __init__(self, profile: CostProfile, way=None):
-        self.profile, self.way = profile, way  # way: how the run's cycles run (see CostProfile)
+        # way: how a pipelined run's cycles run, whose level carries to the next run of that way
+        # (see CostProfile); None: a synchronous run, which starts from the probe and carries nothing
+        self.profile, self.way = profile, way
         sums, by_v = profile.carried.get(way) or (
             {"plain": [0.0, 0.0], "drafted": [0.0, 0.0]},
             [[0.0, 0.0]] * len(profile.verify_s),
@@ -219,8 +220,9 @@ class CostModel:
         return self.sums["plain"][1] > 0
 
     def carry(self):
-        """Leave the run's measured level to the profile's next run of the same way."""
-        self.profile.carried[self.way] = (self.sums, self.by_v)
+        """Leave the run's measured level to the profile's next run of the same way (if any)."""
+        if self.way is not None:
+            self.profile.carried[self.way] = (self.sums, self.by_v)
 
     def _probed(self, plain: bool, v: int) -> float:
         p = self.profile
