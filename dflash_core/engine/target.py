@@ -10,11 +10,12 @@ import sys
 from dataclasses import dataclass
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.base import gather_last_axis
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from ..errors import DFlashError
-from . import fused_attention
+from . import few_rows_matmul, fused_attention
 from .device_cache import DeviceLength, on_device
 
 PREFILL_CHUNK = 512
@@ -147,11 +148,12 @@ class Target:
     def __init__(self, model, tap_ids: list):
         self.model = model
         fused_attention.install(model)  # a GPU's few-row verify attention; nothing on a CPU
+        few_rows_matmul.install(model)  # and its few-row float32 matrix products (CUDA)
         owner = self._text_owner(model)
         self.inner = owner.model  # embed_tokens, layers, norm
         lm_head = getattr(owner, "lm_head", None)
         self._head_module = lm_head or self.inner.embed_tokens  # tied: the embedding's rows
-        head = lm_head or self.inner.embed_tokens.as_linear
+        head = lm_head or self._tied_head(self.inner.embed_tokens)
         group = getattr(owner, "sharding_group", None)  # mlx-lm splits qwen3_5's LM head by vocabulary
         self._softcap = getattr(owner, "final_logit_softcapping", None)  # gemma4 caps its logits
         self.head = self._capped(head if group is None else lambda h: gather_last_axis(head(h), group))
@@ -173,6 +175,14 @@ class Target:
         self.cache = None
         self._tapes = None
         self.compiled_cycles = {}  # pipeline.compiled_cycles: graphs traced on this target
+
+    @staticmethod
+    def _tied_head(embed):
+        """The LM head of tied weights: the embedding's rows as a linear map (a float one through
+        few_rows_matmul, which is MLX's own product wherever its kernel is off)."""
+        if type(embed) is not nn.Embedding:  # quantized: its own as_linear
+            return embed.as_linear
+        return lambda h: few_rows_matmul.matmul_t(h, embed.weight)
 
     @staticmethod
     def _text_owner(model):

@@ -1,0 +1,209 @@
+"""x @ w.T for a few rows of x (2..16) in float32 on CUDA: one read of the weights for all rows.
+
+Why: a verify forward multiplies 2..16 rows by every weight matrix of the target. In bfloat16
+MLX 0.32's CUDA matmul costs about the same for 1 and 16 rows, but in float32 (which the GPU runs
+for exact greedy agreement) a Qwen3-4B-shaped target's forward of 16 rows cost 1.97 one-row
+forwards on an H100, 8 rows 1.91: the multi-row matmul there does not stream the weights once.
+The kernel here does: a block of 4 warps owns NW consecutive output columns, its 128 threads split
+the shared dimension four floats at a time, each reading those columns' weights once (coalesced)
+and every row of x (a few KB, served from cache), keep NW x ROWS partial sums in registers, and
+sum them across the warp (shuffles) and then the block (shared memory) at the end.
+
+`install(model)` routes the model's nn.Linear layers (not quantized ones) through `linear` by
+swapping them for FewRowsLinear (same parameters); `matmul_t` is the bare product, for a tied LM
+head. Anything else (one row, prefill, other dtypes, the CPU, Metal) takes MLX's own path, so the
+baseline's one-row steps are MLX's, bit for bit. DFLASH_FEW_ROWS_MATMUL=0|1 overrides the default
+(DEFAULT_ON). The sums run in another order than MLX's, so a verify's logits move in the last
+bits, as MLX's own multi-row path moves them against its one-row path.
+"""
+
+import os
+import threading
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+MIN_ROWS, MAX_ROWS = 2, 16
+THREADS = 128  # 4 warps a block
+ENV = "DFLASH_FEW_ROWS_MATMUL"
+DEFAULT_ON = False  # off until measured on a GPU against MLX's own (scripts/matmul_rows.py)
+
+_SOURCE = r"""
+constexpr int WARPS = THREADS / 32;
+__shared__ float dfm_partial[WARPS * NW * ROWS];
+const int N = wgt_shape[0];
+const int K4 = wgt_shape[1] / 4;
+const int lane = threadIdx.x % 32;
+const int warp = threadIdx.x / 32;
+const int n0 = blockIdx.x * NW;
+const float4* x4 = reinterpret_cast<const float4*>(act);
+const float4* w4 = reinterpret_cast<const float4*>(wgt);
+float acc[NW][ROWS];
+#pragma unroll
+for (int i = 0; i < NW; ++i) {
+  #pragma unroll
+  for (int m = 0; m < ROWS; ++m) {
+    acc[i][m] = 0.0f;
+  }
+}
+for (int k = threadIdx.x; k < K4; k += THREADS) {
+  float4 wv[NW];
+  #pragma unroll
+  for (int i = 0; i < NW; ++i) {
+    wv[i] = n0 + i < N ? __ldg(w4 + (size_t)(n0 + i) * K4 + k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  #pragma unroll
+  for (int m = 0; m < ROWS; ++m) {
+    const float4 xv = __ldg(x4 + (size_t)m * K4 + k);
+    #pragma unroll
+    for (int i = 0; i < NW; ++i) {
+      float a = acc[i][m];
+      a = fmaf(wv[i].x, xv.x, a);
+      a = fmaf(wv[i].y, xv.y, a);
+      a = fmaf(wv[i].z, xv.z, a);
+      acc[i][m] = fmaf(wv[i].w, xv.w, a);
+    }
+  }
+}
+#pragma unroll
+for (int i = 0; i < NW; ++i) {
+  #pragma unroll
+  for (int m = 0; m < ROWS; ++m) {
+    float s = acc[i][m];
+    #pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      s += __shfl_down_sync(0xffffffffu, s, off);
+    }
+    if (lane == 0) {
+      dfm_partial[warp * NW * ROWS + i * ROWS + m] = s;
+    }
+  }
+}
+__syncthreads();
+for (int j = threadIdx.x; j < NW * ROWS; j += THREADS) {
+  const int i = j / ROWS;
+  const int m = j % ROWS;
+  if (n0 + i < N) {
+    float s = 0.0f;
+    #pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      s += dfm_partial[w * NW * ROWS + j];
+    }
+    res[(size_t)m * N + n0 + i] = s;
+  }
+}
+"""
+
+_lock = threading.Lock()
+_kernels = {}  # (rows, outputs per block) -> the mx.fast kernel
+_state = {}  # "on": the switch as read at install; "failed": why the kernel is off, once it failed
+
+
+def on_cuda() -> bool:
+    return mx.default_device().type == mx.DeviceType.gpu and hasattr(mx, "cuda") and mx.cuda.is_available()
+
+
+def enabled() -> bool:
+    """Whether install may swap layers: on MLX's CUDA backend as DEFAULT_ON or DFLASH_FEW_ROWS_MATMUL
+    (0|1) says (never on the CPU or Metal), until a kernel failed to build or to match MLX."""
+    flag = os.environ.get(ENV, "").strip()
+    on = on_cuda() and (flag == "1" if flag in ("0", "1") else DEFAULT_ON)
+    _state["on"] = on
+    return on and "failed" not in _state
+
+
+def outputs_per_block(n: int) -> int:
+    """Output columns a block owns: 4 shares each read of x among 4 columns; narrow matrices take 2
+    so that enough blocks run (the weights stream only with enough reads in flight)."""
+    return 4 if n >= 8192 else 2
+
+
+def _kernel(rows: int, nw: int):
+    key = (rows, nw)
+    with _lock:
+        if key not in _kernels:
+            _kernels[key] = mx.fast.cuda_kernel(
+                name=f"dflash_few_rows_matmul_r{rows}_nw{nw}",
+                input_names=["act", "wgt"],
+                output_names=["res"],
+                source=f"constexpr int ROWS = {rows};\nconstexpr int NW = {nw};\nconstexpr int THREADS = {THREADS};\n"
+                + _SOURCE,
+            )
+        return _kernels[key]
+
+
+def fits(x: mx.array, w: mx.array) -> bool:
+    """Whether matmul_t would take the kernel for x (..., K) and w (N, K)."""
+    rows = x.size // x.shape[-1] if x.shape[-1] else 0
+    return (
+        MIN_ROWS <= rows <= MAX_ROWS
+        and x.dtype == mx.float32
+        and w.dtype == mx.float32
+        and w.ndim == 2
+        and x.shape[-1] == w.shape[1]
+        and w.shape[1] % 4 == 0
+    )
+
+
+def few_rows_matmul(x: mx.array, w: mx.array, nw: int = None) -> mx.array:
+    """x @ w.T through the kernel: x (..., K) with 2..16 rows in all, w (N, K), float32, CUDA."""
+    n, k = w.shape
+    rows = x.size // k
+    nw = nw or outputs_per_block(n)
+    (y,) = _kernel(rows, nw)(
+        inputs=[x.reshape(rows, k), w],
+        grid=(-(-n // nw) * THREADS, 1, 1),
+        threadgroup=(THREADS, 1, 1),
+        output_shapes=[(rows, n)],
+        output_dtypes=[mx.float32],
+    )
+    return y.reshape(*x.shape[:-1], n)
+
+
+def self_check() -> bool:
+    """The kernel against MLX's matmul on one random case (run once per process, at install)."""
+    try:
+        x = mx.random.normal((5, 264), key=mx.random.key(1))
+        w = mx.random.normal((77, 264), key=mx.random.key(2))
+        diff = mx.abs(few_rows_matmul(x, w) - x @ w.T).max().item()
+    except Exception as err:  # a build failure (NVRTC) turns the path off, never the run
+        _state["failed"] = f"build: {err}"
+        return False
+    if not diff < 1e-3:
+        _state["failed"] = f"self-check: max difference {diff}"
+        return False
+    return True
+
+
+def matmul_t(x: mx.array, w: mx.array) -> mx.array:
+    """x @ w.T: through the kernel where it fits and is on, else MLX's own."""
+    if _state.get("on") and "failed" not in _state and fits(x, w):
+        return few_rows_matmul(x, w)
+    return x @ w.T
+
+
+class FewRowsLinear(nn.Linear):
+    """nn.Linear whose few-row float32 products take the kernel (same parameters, same output)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = matmul_t(x, self["weight"])
+        return y + self["bias"] if "bias" in self else y
+
+
+def install(model) -> bool:
+    """Swap `model`'s nn.Linear layers for FewRowsLinear (their arrays shared, not copied) where
+    the kernel is on and passes its self-check; returns whether it did."""
+    if not enabled() or not self_check():
+        return False
+    swaps = []
+    for name, module in model.named_modules():
+        if type(module) is nn.Linear:
+            swapped = FewRowsLinear.__new__(FewRowsLinear)
+            nn.Module.__init__(swapped)
+            for key, value in module.items():  # weight (and bias): the same arrays
+                swapped[key] = value
+            swaps.append((name, swapped))
+    if swaps:
+        model.update_modules(tree_unflatten(swaps))
+    return bool(swaps)
