@@ -26,6 +26,10 @@
 #                                          on the held-out requests it has turned plain on an H100
 #                                          (policy_trace.py, REQUESTS=a,b,.. REPEAT=N; after `compiled`
 #                                          on the same machine: its kernels are compiled)
+#   bash scripts/gpu_figures.sh rows      the few-row float32 matmul (few_rows_matmul.py, off by default):
+#                                          its tests, its cost by rows against MLX's (matmul_rows.py),
+#                                          the Qwen3-4B-shaped target's forward by rows with it and
+#                                          without, and that target's oracle with it (float32)
 #   bash scripts/gpu_figures.sh graphs    MLX CUDA's graph settings (MLX_CUDA_GRAPH_CACHE_SIZE,
 #                                          MLX_MAX_OPS_PER_BUFFER) on the first 12 held-out requests,
 #                                          one repeat each (GRAPH_SETTINGS="CACHE:OPS ..."), the adaptive policy beside the fixed one
@@ -96,6 +100,16 @@ compiled)
     --save "$out/compiled-probe.json"
   piece smollm2-135m-compiled 250 --prompts assets/prompts/chat_heldout.json --policy adaptive \
     --policy-sweep fixed --pipeline-sweep --repeat "${REPEAT:-2}"
+  ;;
+rows)
+  export DFLASH_DTYPE=float32 DFLASH_FEW_ROWS_MATMUL=1
+  run few-rows-tests 80 $py -m pytest tests/test_few_rows_matmul.py -q -p no:cacheprovider -x
+  run matmul-rows 100 $py scripts/matmul_rows.py --save "$out/matmul-rows.json"
+  $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
+  Q4B=(--model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft)
+  run q4b-rows-few-rows 75 $py scripts/forward_rows.py "${Q4B[@]}" --rows 2,4,8,16 --cycles 0 --save "$out/q4b-rows-few-rows.json"
+  DFLASH_FEW_ROWS_MATMUL=0 run q4b-rows-mlx 60 $py scripts/forward_rows.py "${Q4B[@]}" --rows 2,4,8,16 --cycles 0 --save "$out/q4b-rows-mlx.json"
+  piece qwen3-4b-shape-f32-few-rows 150 "${Q4B[@]}" --block-size 16 --oracle --prompt "def parse(line):" --repeat 3
   ;;
 trace)
   DFLASH_DTYPE=float32 run policy-trace 200 $py scripts/policy_trace.py --requests "${REQUESTS:-25,9,4,22,36,3}" \
