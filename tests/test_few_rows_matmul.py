@@ -11,41 +11,13 @@ os.environ.setdefault("MLX_ENABLE_TF32", "0")  # MLX's float32 reference in full
 
 import mlx.core as mx  # noqa: E402
 import pytest  # noqa: E402
-from mlx_lm.models import qwen3  # noqa: E402
-from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+from test_fused_attention import _cached_forward, _tiny_qwen3  # noqa: E402  (a tiny qwen3 over a cache)
 
 import dflash_core  # noqa: E402,F401  (system BLAS before MLX)
 from dflash_core.engine import few_rows_matmul as frm  # noqa: E402
 
 ON_CUDA = frm.on_cuda()
 needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="needs MLX's CUDA backend; this machine runs MLX on the CPU")
-
-
-def _tiny_qwen3(seed=0, tied=False):
-    args = qwen3.ModelArgs(
-        model_type="qwen3",
-        hidden_size=96,
-        num_hidden_layers=2,
-        intermediate_size=192,
-        num_attention_heads=6,
-        rms_norm_eps=1e-6,
-        vocab_size=200,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        head_dim=16,
-        tie_word_embeddings=tied,
-        rope_theta=10000.0,
-    )
-    mx.random.seed(seed)
-    model = qwen3.Model(args)
-    mx.eval(model.parameters())
-    return model
-
-
-def _cached_forward(model, prompt: list, block: list) -> mx.array:
-    cache = make_prompt_cache(model)
-    mx.eval(model(mx.array([prompt]), cache=cache))
-    return model(mx.array([block]), cache=cache)
 
 
 def _rel_err(a, b) -> float:
@@ -98,7 +70,7 @@ def test_kernel_keeps_leading_dims():
 def test_install_keeps_a_models_logits(monkeypatch, tied):
     monkeypatch.setenv(frm.ENV, "1")
     model = _tiny_qwen3(seed=3, tied=tied)
-    prompt, block = [(7 * i) % 200 for i in range(120)], [5, 9, 2, 77, 1, 0, 13, 8]
+    prompt, block = [(7 * i) % 128 for i in range(120)], [5, 9, 2, 77, 1, 0, 13, 8]
     want = _cached_forward(model, prompt, block)
     weight = model.layers[0].mlp.down_proj.weight
     calls = []

@@ -140,7 +140,7 @@ def test_off_on_the_cpu(monkeypatch):
     assert mx.array_equal(fa.attention(q, k, v, 0.125, arr_mask), want).item()
 
 
-def _tiny_qwen3(seed=0, dtype=mx.float32, heads=6, kv_heads=2, head_dim=64):
+def _tiny_qwen3(seed=0, dtype=mx.float32, heads=6, kv_heads=2, head_dim=64, tied=False):
     args = qwen3.ModelArgs(
         model_type="qwen3",
         hidden_size=96,
@@ -152,7 +152,7 @@ def _tiny_qwen3(seed=0, dtype=mx.float32, heads=6, kv_heads=2, head_dim=64):
         num_key_value_heads=kv_heads,
         max_position_embeddings=4096,
         head_dim=head_dim,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         rope_theta=10000.0,
     )
     mx.random.seed(seed)
