@@ -33,7 +33,7 @@ PRIOR_V_CYCLES = 2  # a v not verified lately is estimated as if seen this often
 # Whether drafting pays is judged by its recent rate (tokens per second of drafted cycles), each
 # cycle weighing less as output goes by: its weight halves every HALF_LIFE tokens, plain steps'
 # tokens included, over a prior of PRIOR_CYCLES cycles at what the acceptance predictor and the
-# cost model expect of a whole block. Accepted lengths vary widely cycle to cycle (a rejection at
+# cost model expect of a cycle (Policy.drafting). Accepted lengths vary widely cycle to cycle (a rejection at
 # the first proposal is common even where drafting pays), so a bad run of cycles turns a run to
 # plain steps now and then; the evidence then fades as plain tokens go by, and once the estimate
 # is back at plain decoding's rate the next cycle drafts again (a probe), whose outcome counts
@@ -348,9 +348,13 @@ class Policy:
         return "adaptive" if self.adaptive else "fixed"
 
     def drafting(self) -> tuple:
-        """Drafting's expected (tokens, plain steps) a cycle, from recent cycles over the prior."""
-        v = self.B - 1
-        prior = expected_tokens(self.acceptance.p(None), v), self.costs.cycle_s(v)
+        """Drafting's expected (tokens, plain steps) a cycle, from recent cycles over the prior: a
+        cycle verifying as many proposals as after_draft's criterion takes by block position (a
+        whole block's where rows are cheap; a few where each row costs, as on a CPU, so that a
+        draft worth its first proposals is not judged by the rows it would not verify)."""
+        p, rate = self.acceptance.p(None), 1 / self.costs.plain_s()
+        v = max(range(1, self.B), key=lambda n: expected_tokens(p, n) - rate * self.costs.cycle_s(n))
+        prior = expected_tokens(p, v), self.costs.cycle_s(v)
         tokens, seconds = self.rate.per_cycle(*prior)
         return tokens, seconds / self.costs.plain_s()
 
