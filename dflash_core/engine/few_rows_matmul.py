@@ -4,10 +4,11 @@ Why: a verify forward multiplies 2..16 rows by every weight matrix of the target
 MLX 0.32's CUDA matmul costs about the same for 1 and 16 rows, but in float32 (which the GPU runs
 for exact greedy agreement) a Qwen3-4B-shaped target's forward of 16 rows cost 1.97 one-row
 forwards on an H100, 8 rows 1.91 (bfloat16: 1.39), so the float32 multi-row matmul (TF32 off)
-does not stream the weights once. The kernel here does, by construction (not yet timed on a GPU): a block of 4 warps owns NW consecutive output columns, its 128 threads split
-the shared dimension four floats at a time, each reading those columns' weights once (coalesced)
-and every row of x (a few KB, served from cache), keep NW x ROWS partial sums in registers, and
-sum them across the warp (shuffles) and then the block (shared memory) at the end.
+does not stream the weights once. The kernel here does, by construction (not yet timed on a GPU):
+a block of 4 warps owns NW consecutive output columns, its 128 threads split the shared dimension
+four floats at a time, each reading those columns' weights once (coalesced) and every row of x (a
+few KB, served from cache), keep NW x ROWS partial sums in registers, and sum them across the warp
+(shuffles) and then the block (shared memory) at the end.
 
 `install(model)` routes the model's nn.Linear layers (not quantized ones) through `matmul_t` by
 swapping them for FewRowsLinear (same parameters); `matmul_t` is the bare product, for a tied LM
