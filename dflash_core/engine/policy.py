@@ -33,8 +33,8 @@ PRIOR_V_CYCLES = 2  # a v not verified lately is estimated as if seen this often
 # Whether drafting pays is judged by its recent rate (tokens per second of drafted cycles), each
 # cycle weighing less as output goes by: its weight halves every HALF_LIFE tokens, plain steps'
 # tokens included, over a prior of PRIOR_CYCLES cycles at what the acceptance predictor and the
-# cost model expect of a cycle (Policy.drafting). Accepted lengths vary widely cycle to cycle (a rejection at
-# the first proposal is common even where drafting pays), so a bad run of cycles turns a run to
+# cost model expect of a cycle (Policy.drafting). Accepted lengths vary widely cycle to cycle (a
+# rejection at the first proposal is common even where drafting pays), so a bad run of cycles turns a run to
 # plain steps now and then; the evidence then fades as plain tokens go by, and once the estimate
 # is back at plain decoding's rate the next cycle drafts again (a probe), whose outcome counts
 # like any other. A fixed window of 8 cycles, with a probe judged by itself (one cycle against
@@ -128,9 +128,9 @@ class CostProfile:
     draft_s: float
     verify_s: list
     # what pipelined runs measured, by how their cycles ran (CostModel's `way`), so that such a
-    # run starts from the last one's level instead of the probe's, which times synchronous forwards: on an H100 it put a compiled cycle at 2.1 plain
-    # steps where runs measured 1.5 once under way, and runs whose first drafted cycles failed
-    # stepped plainly on it. (Synchronous runs start from the probe: replayed on a CPU's costs,
+    # run starts from the last one's level instead of the probe's, which times synchronous
+    # forwards: on an H100 it put a compiled cycle at 2.1 plain steps where runs measured 1.5
+    # once under way, and runs whose first drafted cycles failed stepped plainly on it. (Synchronous runs start from the probe: replayed on a CPU's costs,
     # carrying the level from run to run read 0.87x on the long prompt against 0.97x.)
     carried: dict = field(default_factory=dict)
 
@@ -352,11 +352,17 @@ class Policy:
         cycle verifying as many proposals as after_draft's criterion takes by block position (a
         whole block's where rows are cheap; a few where each row costs, as on a CPU, so that a
         draft worth its first proposals is not judged by the rows it would not verify)."""
-        p, rate = self.acceptance.p(None), 1 / self.costs.plain_s()
-        v = max(range(1, self.B), key=lambda n: expected_tokens(p, n) - rate * self.costs.cycle_s(n))
+        p = self.acceptance.p(None)
+        v = self._verified(p)
         prior = expected_tokens(p, v), self.costs.cycle_s(v)
         tokens, seconds = self.rate.per_cycle(*prior)
         return tokens, seconds / self.costs.plain_s()
+
+    def _verified(self, p_accept: list) -> int:
+        """How many proposals a drafted cycle verifies, given each one's chance: those whose
+        expected tokens beat what plain decoding would commit in their rows' time (after_draft)."""
+        rate = 1 / self.costs.plain_s()
+        return max(range(1, self.B), key=lambda n: expected_tokens(p_accept, n) - rate * self.costs.cycle_s(n))
 
     def _pays(self) -> bool:
         tokens, steps = self.drafting()
@@ -407,8 +413,7 @@ class Policy:
             # seconds, at the plain rate: a lower bound of the best rate, which keeps rows that
             # the predictor undervalues where accepted runs are long). At least one row: a cycle
             # that verifies nothing tells nothing.
-            rate = 1 / plain_s
-            v = max(range(1, self.B), key=lambda n: expected_tokens(p, n) - rate * self.costs.cycle_s(n))
+            v = self._verified(p)
         elif self.min_confidence > 0:
             v = confident_prefix(confidence, self.min_confidence)
         else:
