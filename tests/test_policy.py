@@ -358,6 +358,24 @@ def test_interleaved_plain_steps_and_every_verify_size_are_lossless(random_pairs
     assert sizes == set(range(6))
 
 
+def test_each_plain_step_is_charged_its_own_time(random_pairs, scripted, monkeypatch):
+    """A plain step is launched before the one before it is read; where launching is computing (a
+    CPU evaluates inside async_eval), the next step's time must not be charged to this one, or the
+    first step of a streak reads two steps and the last next to none (the inspector showed 0.2)."""
+    pair = random_pairs["qwen3"]
+    step = pair.target.step
+
+    def slow_step(token):  # a step whose launch takes 40 ms, as a synchronous device's would
+        time.sleep(0.04)
+        return step(token)
+
+    monkeypatch.setattr(pair.target, "step", slow_step)
+    ids = pair.encode(PROMPTS[0], chat_template=False)
+    cycles, _ = run(pair.dflash(ids, 40, 6, policy="adaptive", pipelined=False))
+    plain = [ev.cycle_ms for ev in cycles if ev.plain_step]
+    assert len(plain) >= 6 and all(35 < ms < 75 for ms in plain), plain
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_a_pipelined_run_ends_on_its_budget_or_when_cancelled(random_pairs, scripted, compiled):
     """Every budget from 1 to 30 tokens, so that plain steps and drafted cycles of every size are

@@ -189,14 +189,18 @@ def dflash_generate(
         if decision is not None and decision.plain_step:
             # plain steps, until the policy drafts again: no draft forward; the target checks the
             # staged token alone
-            t_step, pending, threads = t, [], backend.blas_threads()
+            t_step, own_launch_s, pending, threads = t, 0.0, [], backend.blas_threads()
             if plain_threads and threads:
                 backend.set_blas_threads(plain_threads)
-            for token, sure, taps in _plain_steps(target, staged, rule.keep_plain, sampling):
+            for token, sure, taps, next_launch_s in _plain_steps(target, staged, rule.keep_plain, sampling):
                 pending.append(taps)
                 now = time.perf_counter()
                 committed, staged = [staged], token
-                cycle = plain_step_fields(committed, token, sure, decision, (now - t_step) * 1e3, now - t0)
+                # each step is charged its own launch, not the next one's (launched before it is read;
+                # where evaluation is synchronous, a CPU, that launch is the next step's compute)
+                step_ms = (now - t_step - next_launch_s + own_launch_s) * 1e3
+                own_launch_s = next_launch_s
+                cycle = plain_step_fields(committed, token, sure, decision, step_ms, now - t0)
                 yield record(**cycle)
                 t_step = time.perf_counter()  # the consumer's time is not the step's
                 if stop is not None:
@@ -322,9 +326,10 @@ def dflash_generate(
 
 def _plain_steps(target: Target, staged: int, keep_going: Callable[[], bool], sampling: Sampling | None):
     """Plain target steps from `staged`: yields (next token, the target's probability of it, its
-    input's taps) per step. Each step is launched before the previous one's token is read, as
-    mlx-lm's generate_step does, so that building one step's graph overlaps computing the last;
-    `keep_going()`, asked before each launch, has therefore seen all but the step in flight."""
+    input's taps, the seconds the following step's launch took) per step. Each step is launched
+    before the previous one's token is read, as mlx-lm's generate_step does, so that building one
+    step's graph overlaps computing the last; `keep_going()`, asked before each launch, has
+    therefore seen all but the step in flight."""
 
     def launch(token: mx.array):
         logits, taps = target.step(token)
@@ -341,10 +346,11 @@ def _plain_steps(target: Target, staged: int, keep_going: Callable[[], bool], sa
     step = launch(mx.array([staged]))
     while True:
         token, sure, taps = step
-        more = keep_going()
+        more, t = keep_going(), time.perf_counter()
         if more:
             step = launch(token)
-        yield token.item(), sure.item(), taps
+        launch_s = time.perf_counter() - t
+        yield token.item(), sure.item(), taps, launch_s
         if not more:
             return
 
