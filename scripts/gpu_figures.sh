@@ -26,7 +26,7 @@
 #                                          on the held-out requests it has turned plain on an H100
 #                                          (policy_trace.py, REQUESTS=a,b,.. REPEAT=N; after `compiled`
 #                                          on the same machine: its kernels are compiled)
-#   bash scripts/gpu_figures.sh rows      the few-row float32 matmul (few_rows_matmul.py, off by default):
+#   bash scripts/gpu_figures.sh rows      the few-row float32 matmul (few_rows_matmul.py, on by default):
 #                                          its tests, its cost by rows against MLX's (matmul_rows.py),
 #                                          the Qwen3-4B-shaped target's forward by rows with it and
 #                                          without, and that target's oracle with it (float32)

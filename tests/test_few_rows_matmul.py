@@ -31,6 +31,9 @@ def test_fits_only_few_float32_rows():
     assert not frm.fits(mx.zeros((17, 32)), w)  # prefill
     assert not frm.fits(mx.zeros((4, 32), dtype=mx.bfloat16), w.astype(mx.bfloat16))
     assert not frm.fits(mx.zeros((4, 30)), mx.zeros((64, 30)))  # rows not in whole float4s
+    head = mx.zeros((49152, 576))  # wide and shallow: 8 rows take the kernel, 16 MLX's (faster there)
+    assert frm.fits(mx.zeros((8, 576)), head) and not frm.fits(mx.zeros((16, 576)), head)
+    assert frm.fits(mx.zeros((16, 1024)), mx.zeros((49152, 1024)))
 
 
 @pytest.mark.skipif(ON_CUDA, reason="checks the CPU's behaviour")
@@ -76,9 +79,10 @@ def test_install_keeps_a_models_logits(monkeypatch, tied):
     calls = []
     kernel = frm.few_rows_matmul
     monkeypatch.setattr(frm, "few_rows_matmul", lambda x, w, nw=None: calls.append(x.shape) or kernel(x, w, nw))
-    assert frm.install(model) is True
+    assert frm.install(model) is True  # its first call in a process also checks itself: one product
     swapped = model.layers[0].mlp.down_proj
     assert type(swapped) is frm.FewRowsLinear and swapped.weight is weight
+    calls.clear()
     got = _cached_forward(model, prompt, block)
     assert _rel_err(got, want) < 1e-5
     assert len(calls) == 2 * 7 + (0 if tied else 1)  # q k v o gate up down a layer, the head untied

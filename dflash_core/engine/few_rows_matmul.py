@@ -4,11 +4,13 @@ Why: a verify forward multiplies 2..16 rows by every weight matrix of the target
 MLX 0.32's CUDA matmul costs about the same for 1 and 16 rows, but in float32 (which the GPU runs
 for exact greedy agreement) a Qwen3-4B-shaped target's forward of 16 rows cost 1.97 one-row
 forwards on an H100, 8 rows 1.91 (bfloat16: 1.39), so the float32 multi-row matmul (TF32 off)
-does not stream the weights once. The kernel here does, by construction (not yet timed on a GPU):
-a block of 4 warps owns NW consecutive output columns, its 128 threads split the shared dimension
-four floats at a time, each reading those columns' weights once (coalesced) and every row of x (a
-few KB, served from cache), keep NW x ROWS partial sums in registers, and sum them across the warp
-(shuffles) and then the block (shared memory) at the end.
+does not stream the weights once. The kernel here does: a block of 4 warps owns NW consecutive
+output columns, its 128 threads split the shared dimension four floats at a time, each reading
+those columns' weights once (coalesced) and every row of x (a few KB, served from cache), keep
+NW x ROWS partial sums in registers, and sum them across the warp (shuffles) and then the block
+(shared memory) at the end. On an H100 it took that forward to 1.41 (8 rows) and 1.76 (16 rows)
+one-row forwards, against 2.03 and 2.02 for MLX's in the same visit (scripts/matmul_rows.py and
+scripts/forward_rows.py; docs/benchmarks.md), and the oracle's cycle with it.
 
 `install(model)` routes the model's nn.Linear layers (not quantized ones) through `matmul_t` by
 swapping them for FewRowsLinear (same parameters); `matmul_t` is the bare product, for a tied LM
@@ -28,7 +30,7 @@ from mlx.utils import tree_unflatten
 MIN_ROWS, MAX_ROWS = 2, 16
 THREADS = 128  # 4 warps a block
 ENV = "DFLASH_FEW_ROWS_MATMUL"
-DEFAULT_ON = False  # off until measured on a GPU against MLX's own (scripts/matmul_rows.py)
+DEFAULT_ON = True  # measured on an H100 against MLX's own (scripts/matmul_rows.py): faster where it fits
 
 _SOURCE = r"""
 constexpr int WARPS = THREADS / 32;
@@ -135,10 +137,14 @@ def _kernel(rows: int, nw: int):
 
 
 def fits(x: mx.array, w: mx.array) -> bool:
-    """Whether matmul_t would take the kernel for x (..., K) and w (N, K)."""
+    """Whether matmul_t would take the kernel for x (..., K) and w (N, K). More than 8 rows of a
+    wide, shallow matrix stay MLX's: there the kernel's sums outweigh its reads (16 rows of the
+    default target's head, 49152 x 576, took it 0.118 ms against MLX's 0.076 on an H100)."""
     rows = x.size // x.shape[-1] if x.shape[-1] else 0
+    n, k = w.shape if w.ndim == 2 else (0, 0)
     return (
         MIN_ROWS <= rows <= MAX_ROWS
+        and (rows <= 8 or k >= 1024 or n < 8192)
         and x.dtype == mx.float32
         and w.dtype == mx.float32
         and w.ndim == 2
