@@ -4,7 +4,7 @@ engine's plain-step loop on the shipped pair, interleaved, milliseconds a token,
 them, to tell where a difference comes from: the same loop without taps, the same loop on
 mlx-lm's generation stream, and the whole engine (events, policy) with every cycle a plain step.
 
-    python scripts/plain_steps.py [--tokens 64] [--repeat 5] [--prompt TEXT] [--save FILE]
+    python scripts/plain_steps.py [--tokens 64] [--repeat 5] [--prompt TEXT] [--model DIR --draft DIR] [--save FILE]
 """
 
 import argparse
@@ -91,13 +91,18 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--prompt", default="Explain what a black hole is in simple terms.")
+    ap.add_argument(
+        "--model",
+        help="target (default: the shipped pair's); a model without a chat template takes the prompt as it is",
+    )
+    ap.add_argument("--draft")
     ap.add_argument("--save", help="also write the figures here (JSON)")
     args = ap.parse_args()
-    pair = load_pair(None, None)
+    pair = load_pair(args.model, args.draft)
     pair._use_fastest_threads(
         "baseline"
     )  # both loops on plain decoding's fastest BLAS threads, as the engine's plain steps run
-    ids = pair.encode(args.prompt, chat_template=True)
+    ids = pair.encode(args.prompt, chat_template=pair.tokenizer.chat_template is not None)
     untapped = Target(pair.target.model, [])
     variants = {
         "generate_step": lambda: baseline_ms(pair.target, ids, args.tokens),
