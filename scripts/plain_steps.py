@@ -102,7 +102,7 @@ def main():
     pair._use_fastest_threads(
         "baseline"
     )  # both loops on plain decoding's fastest BLAS threads, as the engine's plain steps run
-    ids = pair.encode(args.prompt, chat_template=pair.tokenizer.chat_template is not None)
+    ids = pair.encode(args.prompt, chat_template=True)  # as it is where the model has no template
     untapped = Target(pair.target.model, [])
     variants = {
         "generate_step": lambda: baseline_ms(pair.target, ids, args.tokens),

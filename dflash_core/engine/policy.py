@@ -34,10 +34,10 @@ PRIOR_V_CYCLES = 2  # a v not verified lately is estimated as if seen this often
 # cycle weighing less as output goes by: its weight halves every HALF_LIFE tokens, plain steps'
 # tokens included, over a prior of PRIOR_CYCLES cycles at what the acceptance predictor and the
 # cost model expect of a cycle (Policy.drafting). Accepted lengths vary widely cycle to cycle (a
-# rejection at the first proposal is common even where drafting pays), so a bad run of cycles turns a run to
-# plain steps now and then; the evidence then fades as plain tokens go by, and once the estimate
-# is back at plain decoding's rate the next cycle drafts again (a probe), whose outcome counts
-# like any other. A fixed window of 8 cycles, with a probe judged by itself (one cycle against
+# rejection at the first proposal is common even where drafting pays), so a bad run of cycles
+# turns a run to plain steps now and then; the evidence then fades as plain tokens go by, and
+# once the estimate is back at plain decoding's rate the next cycle drafts again (a probe), whose
+# outcome counts like any other. A fixed window of 8 cycles, with a probe judged by itself (one cycle against
 # plain decoding's rate, failed probes waiting twice as long for the next) turned requests where
 # drafting pays 1.16x on an H200 into plain steps for 92% of their tokens (1.03x median).
 HALF_LIFE = 24
@@ -130,8 +130,9 @@ class CostProfile:
     # what pipelined runs measured, by how their cycles ran (CostModel's `way`), so that such a
     # run starts from the last one's level instead of the probe's, which times synchronous
     # forwards: on an H100 it put a compiled cycle at 2.1 plain steps where runs measured 1.5
-    # once under way, and runs whose first drafted cycles failed stepped plainly on it. (Synchronous runs start from the probe: replayed on a CPU's costs,
-    # carrying the level from run to run read 0.87x on the long prompt against 0.97x.)
+    # once under way, and runs whose first drafted cycles failed stepped plainly on it.
+    # (Synchronous runs start from the probe: replayed on a CPU's costs, carrying the level from
+    # run to run read 0.87x on the long prompt against 0.97x.)
     carried: dict = field(default_factory=dict)
 
 
