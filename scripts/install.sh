@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the playground and its tests need: Debian packages (system OpenBLAS, which makes
-# MLX's CPU matmuls 8-13x faster; Chromium for the browser tests), a venv in .venv, Python deps,
+# MLX's CPU matmuls 8-13x faster; Chromium for the browser tests; g++, which runs the GPU kernels'
+# sources on the CPU in tests/test_kernel_emulation.py), a venv in .venv, Python deps,
 # the default pair's target model, and this project (the `dflash` command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ "$(uname)" == Linux ]] && command -v apt-get >/dev/null; then
   need=()
-  for pkg in libopenblas0-pthread chromium; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
+  for pkg in libopenblas0-pthread chromium g++; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
   if ((${#need[@]})); then
     sudo=""; [[ $(id -u) -eq 0 ]] || sudo="sudo"
     $sudo apt-get update -qq
