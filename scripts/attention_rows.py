@@ -1,11 +1,11 @@
 """What one attention call costs on this GPU by query rows: MLX's sdpa against the fused few-rows
 kernels (dflash_core/fused_attention.py), for the shapes of two targets: SmolLM2-135M (9 heads,
-3 KV heads, head dim 64) at a 300-token cache and Qwen3-4B (32 / 8, head dim 128) at 300 and 4096,
+3 KV heads, head dim 64) at a 300-token cache and Qwen3-4B (32 / 8, head dim 128) at 300, 1024 and 4096,
 rows 1, 2, 3, 4, 8, 16 (causal, the verify forward's mask), float32 and bfloat16. Two figures each,
 medians after warm-up with mx.synchronize around each evaluation: one call evaluated alone (bound
 by the evaluation's own overhead), the cost per call of many calls evaluated at once (what a
 call adds to a forward's graph, where every layer's attention is evaluated together), and the host
-time per call of building and launching them.
+time per call of building and launching them; on CUDA the single pass and the two passes apart too.
 
     python scripts/attention_rows.py
     python scripts/attention_rows.py --json attention_rows.json --repeats 200
@@ -28,7 +28,7 @@ from dflash_core.engine import fused_attention as fa  # noqa: E402
 
 SHAPES = [  # (name, heads, KV heads, head dim, cache lengths)
     ("smollm2-135m", 9, 3, 64, (300,)),
-    ("qwen3-4b", 32, 8, 128, (300, 4096)),
+    ("qwen3-4b", 32, 8, 128, (300, 1024, 4096)),
 ]
 ROWS = (1, 2, 3, 4, 8, 16)
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
@@ -68,7 +68,8 @@ def measure_one(
     heads: int, kv_heads: int, head_dim: int, keys: int, rows: int, dtype, causal: bool, repeats: int, calls: int
 ):
     """One shape's figures: ms per call, alone and in a graph of `calls`, for MLX's sdpa and the
-    fused kernels, and their largest difference."""
+    fused kernels (as `attention` picks them; on CUDA also the single pass and the two passes
+    apart, in a graph), and their largest difference."""
     kq, kk, kv = mx.random.split(mx.random.key(rows + keys), 3)
     q = mx.random.normal((1, heads, rows, head_dim), key=kq).astype(dtype)
     k = mx.random.normal((1, kv_heads, keys, head_dim), key=kk).astype(dtype)
@@ -86,7 +87,14 @@ def measure_one(
     # tests check the kernels against an exact reference)
     diff = mx.max(mx.abs(fused().astype(mx.float32) - sdpa().astype(mx.float32))).item()
     few = max(5, repeats // 10)
+    kinds = {}
+    if fa.gpu_backend() == "cuda":
+        for name, single in (("one_pass", True), ("two_pass", False)):
+            kinds[f"{name}_graph_ms"] = round(
+                time_ms(lambda single=single: fa._fused("cuda", q, k, v, scale, causal, None, single), few, calls), 4
+            )
     return dict(
+        **kinds,
         sdpa_ms=round(time_ms(sdpa, repeats), 4),
         fused_ms=round(time_ms(fused, repeats), 4),
         sdpa_graph_ms=round(time_ms(sdpa, few, calls), 4),
@@ -113,7 +121,12 @@ def measure(repeats: int, causal: bool = True, calls: int = 32) -> list:
                         f"fused {r['fused_ms']:.4f} | in a graph of {calls}: sdpa {r['sdpa_graph_ms']:.4f} "
                         f"fused {r['fused_graph_ms']:.4f} (x{r['sdpa_graph_ms'] / r['fused_graph_ms']:.2f}) "
                         f"| host µs a call: sdpa {r['sdpa_host_us']:.0f} fused {r['fused_host_us']:.0f} "
-                        f"| diff {r['max_abs_diff_vs_sdpa']:.2g} | chunks {r['chunks']}",
+                        f"| diff {r['max_abs_diff_vs_sdpa']:.2g} | chunks {r['chunks']}"
+                        + (
+                            f" | one pass {r['one_pass_graph_ms']:.4f}, two {r['two_pass_graph_ms']:.4f}"
+                            if "one_pass_graph_ms" in r
+                            else ""
+                        ),
                         flush=True,
                     )
     return out

@@ -229,11 +229,20 @@ TOL_REF = {mx.float32: 3e-5, mx.bfloat16: 1.6e-2, mx.float16: 2.5e-3}
 TOL_SDPA = {mx.float32: 1e-3 if TF32 else 5e-5, mx.bfloat16: 6e-2, mx.float16: 1e-2}
 
 
+def _kernels(monkeypatch, single: bool):
+    """Every call takes the single pass (single) or the two passes."""
+    if single and fa.gpu_backend() != "cuda":
+        pytest.skip("the single pass is CUDA's")
+    monkeypatch.setattr(fa, "ONE_PASS_MAX_KEYS", 1 << 30 if single else -1)
+
+
 @needs_gpu
+@pytest.mark.parametrize("single", [True, False], ids=["one-pass", "two-pass"])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16], ids=["f32", "bf16", "f16"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_kernel_matches_mlx_sdpa(dtype, head_dim, causal):
+def test_kernel_matches_mlx_sdpa(monkeypatch, dtype, head_dim, causal, single):
+    _kernels(monkeypatch, single)
     worst_ref = worst_sdpa = 0.0
     for group in (1, 3, 4, 8):
         kv_heads = 2 if group < 8 else 1
@@ -255,9 +264,11 @@ def test_kernel_matches_mlx_sdpa(dtype, head_dim, causal):
 
 
 @needs_gpu
-def test_kernel_reads_strided_cache_views():
+@pytest.mark.parametrize("single", [True, False], ids=["one-pass", "two-pass"])
+def test_kernel_reads_strided_cache_views(monkeypatch, single):
     """The cache hands out keys[..., :offset, :] of a longer buffer, and queries come transposed
     from (B, L, H, D): the kernel reads through strides, no copies."""
+    _kernels(monkeypatch, single)
     buf_k = mx.random.normal((1, 3, 512, 64), key=mx.random.key(1))
     buf_v = mx.random.normal((1, 3, 512, 64), key=mx.random.key(2))
     q = mx.random.normal((1, 16, 9, 64), key=mx.random.key(3)).transpose(0, 2, 1, 3)  # (1, 9, 16, 64)
@@ -268,13 +279,15 @@ def test_kernel_reads_strided_cache_views():
 
 
 @needs_gpu
+@pytest.mark.parametrize("single", [True, False], ids=["one-pass", "two-pass"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_kernel_counts_only_the_valid_keys(causal):
+def test_kernel_counts_only_the_valid_keys(monkeypatch, causal, single):
     """`valid`, an array on the device (a DeviceKVCache's length): the kernels read only the first
     `valid` keys of the buffer they are given (past them: rejected rows, or zeros)."""
     if fa.gpu_backend() != "cuda":
         pytest.skip("the device-side key count is CUDA's (Metal falls back to a mask)")
-    for rows, n, valid in [(4, 64, 40), (8, 300, 211), (16, 600, 16), (5, 33, 33)]:
+    _kernels(monkeypatch, single)
+    for rows, n, valid in [(1, 512, 77), (4, 64, 40), (8, 300, 211), (16, 600, 16), (5, 33, 33)]:
         q, k, v = _inputs(9, 3, rows, n, 64, seed=n + valid)
         k = mx.concatenate([k[:, :, :valid], 50 * k[:, :, valid:]], axis=2)  # keys past valid: loud
         got = fa.few_rows_attention(q, k, v, 0.125, causal, mx.array([valid], dtype=mx.int32))
@@ -340,14 +353,35 @@ def test_metal_kernel_runs():
 
 
 def test_launches_are_worked_out_once_per_shape():
-    """Two launches (partials, then their combination) whose output has q's shape and dtype; the
-    same shape asks for the same plan object (worked out once)."""
+    """Two launches (partials, then their combination), or on CUDA for a short cache one; the
+    output has q's shape and dtype; the same shape asks for the same plan object (worked out once)."""
     for backend in ("cuda", "metal"):
-        plan = fa._launches(backend, (9, 8, 64, 3, 300), mx.bfloat16, True)
+        plan = fa._launches(backend, (9, 8, 64, 3, 300), mx.bfloat16, True, single=False)
         assert [which for which, *_ in plan] == ["pass1", "pass2"]
         assert plan[-1][-2:] == ([(1, 9, 8, 64)], [mx.bfloat16])
         assert plan[0][2][0] == 32 * fa.launch_plan(9, 3, 8, 300, 64, backend)["warps"] * 10  # 10 key chunks
-        assert fa._launches(backend, (9, 8, 64, 3, 300), mx.bfloat16, True) is plan
+        assert fa._launches(backend, (9, 8, 64, 3, 300), mx.bfloat16, True, single=False) is plan
+    assert fa._launches("metal", (9, 8, 64, 3, 300), mx.bfloat16, True)[0][0] == "pass1"
+    assert fa._launches("cuda", (9, 8, 64, 3, fa.ONE_PASS_MAX_KEYS + 1), mx.float32, True)[0][0] == "pass1"
+    plan = fa._launches("cuda", (9, 8, 64, 3, 300), mx.bfloat16, True)
+    assert [which for which, *_ in plan] == ["onepass"] and plan[0][-2:] == ([(1, 9, 8, 64)], [mx.bfloat16])
+
+
+def test_one_pass_grid_covers_every_row():
+    """The single pass: a block per (KV head, group of RB rows), enough groups for every query row
+    that reads the KV head (H / KVH heads times L rows), and its template's constants."""
+    for heads, kv_heads in [(9, 3), (32, 8), (8, 1), (4, 4)]:
+        for head_dim in fa.HEAD_DIMS:
+            for rows in range(1, fa.MAX_ROWS + 1):
+                ((which, template, grid, block, shapes, _),) = fa._launches(
+                    "cuda", (heads, rows, head_dim, kv_heads, 300), mx.float32, True, single=True
+                )
+                constants = dict(template)
+                rb, threads = constants["RB"], block[0]
+                assert threads == 32 * constants["W"] and grid[0] == kv_heads * threads
+                assert (grid[1] - 1) * rb < heads // kv_heads * rows <= grid[1] * rb
+                assert shapes == [(1, heads, rows, head_dim)]
+                assert rb * head_dim <= 1024  # RB x D floats of queries, and of outputs, in shared memory
 
 
 def test_kernel_sources_are_compact_and_carry_their_constants():
@@ -365,7 +399,7 @@ def test_kernel_sources_are_compact_and_carry_their_constants():
         "constexpr int RPW = 4;",
     ]
     assert fa._constants("metal", template[:1]) == "using T = bfloat16_t;\n"
-    for source in (ak.CUDA_HEADER, ak.CUDA_PASS1, ak.CUDA_PASS2, ak.METAL_PASS1, ak.METAL_PASS2):
+    for source in (ak.CUDA_HEADER, ak.CUDA_PASS1, ak.CUDA_PASS2, ak.CUDA_ONEPASS, ak.METAL_PASS1, ak.METAL_PASS2):
         compact = fa._compact(source)
         code = [line.split("//", 1)[0] for line in source.splitlines()]
         assert compact.split() == " ".join(code).split()

@@ -1,6 +1,6 @@
 """The fused few-row attention's kernel sources (dflash_core.engine.fused_attention launches them): a
 split-K pass 1 and a combining pass 2, for CUDA (mx.fast.cuda_kernel) and Metal
-(mx.fast.metal_kernel), written to one contract."""
+(mx.fast.metal_kernel), written to one contract, and a single pass for short caches on CUDA."""
 
 # ---------------------------------------------------------------------------------------------
 # CUDA (mx.fast.cuda_kernel). The source strings are function BODIES: MLX generates the signature
@@ -247,6 +247,169 @@ CUDA_PASS2 = r"""
     }
   }
   dfa_store(out + idx, den > 0.0f ? num / den : 0.0f);
+"""
+
+
+# One pass, for short caches (CUDA): one launch, no partials in global memory. Grid: blockIdx.x =
+# KV head, blockIdx.y = row group of RB rows; W warps a block. Warp w takes the key tiles w, w + W,
+# ...: lane j scores key t*32+j against the block's RB rows (queries in shared memory, read by all
+# lanes at once), the warp keeps a running max, sum and output per row (lane j owns dims j, j + 32,
+# ...), and P.V reads eight value rows before using them (independent loads in flight: with one
+# warp per scheduler nothing else hides their latency). At the end the warps' partials are
+# combined in shared memory and written normalised. The two passes above spread a long cache over
+# hundreds of blocks; at a few hundred keys their second launch and their few-warp blocks cost more
+# than the work (fused_attention.ONE_PASS_MAX_KEYS).
+CUDA_ONEPASS = r"""
+  constexpr int DPL = D / 32;
+  constexpr float NEG = -3.0e38f;
+  __shared__ float q_s[RB * D];
+  __shared__ float p_s[W * RB * 32];
+  __shared__ float o_s[RB * D];
+  __shared__ float m_s[W * RB];
+  __shared__ float l_s[W * RB];
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int H = q_shape[1];
+  const int L = q_shape[2];
+  const int KVH = k_shape[1];
+  const int N = DFA_KEYS;
+  const int G = H / KVH;
+  const int R = G * L;
+  const int kh = blockIdx.x;
+  const int row0 = blockIdx.y * RB;
+  const float sc = scale[0];
+  const long long qs1 = q_strides[1], qs2 = q_strides[2], qs3 = q_strides[3];
+  const long long ks2 = k_strides[2], ks3 = k_strides[3];
+  const long long vs2 = v_strides[2], vs3 = v_strides[3];
+  const T* kh_k = k + kh * k_strides[1];
+  const T* kh_v = v + kh * v_strides[1];
+  for (int e = tid; e < RB * D; e += blockDim.x) {
+    const int r = row0 + e / D;
+    const int d = e % D;
+    float x = 0.0f;
+    if (r < R) {
+      x = dfa_to_float(q[(kh * G + r / L) * qs1 + (r % L) * qs2 + d * qs3]) * sc;
+    }
+    q_s[e] = x;
+    o_s[e] = 0.0f;
+  }
+  int lim[RB];
+  float m[RB], l[RB], o[RB][DPL];
+#pragma unroll
+  for (int rr = 0; rr < RB; ++rr) {
+    const int r = row0 + rr;
+    lim[rr] = r < R ? (CAUSAL ? N - L + r % L : N - 1) : -1;
+    m[rr] = NEG;
+    l[rr] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      o[rr][i] = 0.0f;
+    }
+  }
+  __syncthreads();
+  float* p_w = p_s + warp * RB * 32;
+  const int tiles = (N + 31) / 32;
+  for (int t = warp; t < tiles; t += W) {
+    const int key = t * 32 + lane;
+    const bool in = key < N;
+    float s[RB];
+#pragma unroll
+    for (int rr = 0; rr < RB; ++rr) {
+      s[rr] = 0.0f;
+    }
+    if (in) {
+      const T* kr = kh_k + (long long)key * ks2;
+#pragma unroll 8
+      for (int d = 0; d < D; ++d) {
+        const float kv = dfa_to_float(kr[d * ks3]);
+#pragma unroll
+        for (int rr = 0; rr < RB; ++rr) {
+          s[rr] += q_s[rr * D + d] * kv;
+        }
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RB; ++rr) {
+      const bool vis = in && key <= lim[rr];
+      float p = 0.0f;
+      if (__any_sync(0xffffffffu, vis)) {
+        const float m_new = fmaxf(m[rr], dfa_warp_max(vis ? s[rr] : NEG));
+        const float alpha = l[rr] > 0.0f ? expf(m[rr] - m_new) : 0.0f;
+        p = vis ? expf(s[rr] - m_new) : 0.0f;
+        l[rr] = l[rr] * alpha + dfa_warp_sum(p);
+        m[rr] = m_new;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+          o[rr][i] *= alpha;
+        }
+      }
+      p_w[rr * 32 + lane] = p;
+    }
+    __syncwarp();
+    const int nk = dfa_min(32, N - t * 32);
+    for (int j0 = 0; j0 < nk; j0 += 8) {
+      float vv[8][DPL];
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const T* vr = kh_v + (long long)(t * 32 + j0 + jj) * vs2;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+          vv[jj][i] = j0 + jj < nk ? dfa_to_float(vr[(lane + 32 * i) * vs3]) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+        for (int rr = 0; rr < RB; ++rr) {
+          const float pj = p_w[rr * 32 + j0 + jj];
+#pragma unroll
+          for (int i = 0; i < DPL; ++i) {
+            o[rr][i] += pj * vv[jj][i];
+          }
+        }
+      }
+    }
+    __syncwarp();
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int rr = 0; rr < RB; ++rr) {
+      m_s[warp * RB + rr] = m[rr];
+      l_s[warp * RB + rr] = l[rr];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int rr = 0; rr < RB; ++rr) {
+    float top = NEG;
+    for (int w = 0; w < W; ++w) {
+      if (l_s[w * RB + rr] > 0.0f) {
+        top = fmaxf(top, m_s[w * RB + rr]);
+      }
+    }
+    float den = 0.0f;
+    for (int w = 0; w < W; ++w) {
+      const float lw = l_s[w * RB + rr];
+      if (lw > 0.0f) {
+        den += lw * expf(m_s[w * RB + rr] - top);
+      }
+    }
+    if (l[rr] > 0.0f && den > 0.0f) {
+      const float f = expf(m[rr] - top) / den;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        atomicAdd(&o_s[rr * D + lane + 32 * i], o[rr][i] * f);
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < RB * D; e += blockDim.x) {
+    const int r = row0 + e / D;
+    if (r < R) {
+      dfa_store(out + ((long long)(kh * G + r / L) * L + r % L) * D + e % D, o_s[e]);
+    }
+  }
 """
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,11 @@ memory). The kernels here do it in two launches, reading each key and value once
   One launch instead (one key chunk per block, the output normalised in place) measured slower on
   an H200: a cycle of the default pair 12.1 ms against 8.2 (scripts/host_overlap.py).
 
+On CUDA a cache of at most ONE_PASS_MAX_KEYS keys takes a single pass instead: a block per (KV
+head, group of 8 rows) whose 8 warps split the keys between them and combine their partials in
+shared memory (attention_kernels.CUDA_ONEPASS). At a few hundred keys the two passes' second launch
+and their blocks of one or two warps (a 1-row call's) cost more than the work.
+
 The chunk count grows with the cache (enough blocks at 300 keys and at 32K). Contract, like MLX's:
 q (1, H, L, D), k and v (1, KVH, N, D); causal: row i sees keys j <= N - L + i (the block sits at
 the end of the cache). `attention` is what the project calls: it takes the kernels only where they
@@ -37,7 +42,7 @@ import threading
 
 import mlx.core as mx
 
-from .attention_kernels import CUDA_HEADER, CUDA_PASS1, CUDA_PASS2, METAL_PASS1, METAL_PASS2
+from .attention_kernels import CUDA_HEADER, CUDA_ONEPASS, CUDA_PASS1, CUDA_PASS2, METAL_PASS1, METAL_PASS2
 from .device_cache import DeviceKVCache
 
 TILE = 32  # keys per tile: one per lane when scoring (kernels' TK)
@@ -51,6 +56,12 @@ MAX_ROWS = 16  # query rows per call that `attention` sends to the kernels
 # (6.5 us a call inside a graph at 2 rows on an H200, against ~40 us here), so 2 and 3 rows stay
 # with MLX
 MIN_ROWS = 4
+# The single pass (CUDA): W warps a block, each block RB rows of one KV head (fewer at head dim 256,
+# whose rows take twice the registers), for caches of at most ONE_PASS_MAX_KEYS keys (a compiled
+# cycle's cache: its whole fixed size), beyond which the two passes spread the keys wider
+ONE_PASS_WARPS = 8
+ONE_PASS_ROWS = 8
+ONE_PASS_MAX_KEYS = 2048
 ENV = "DFLASH_FUSED_ATTENTION"
 ENV_VERBOSE = "DFLASH_FUSED_ATTENTION_VERBOSE"
 
@@ -106,10 +117,11 @@ def _settings() -> tuple:
 _SOURCES = {
     ("cuda", "pass1"): CUDA_PASS1,
     ("cuda", "pass2"): CUDA_PASS2,
+    ("cuda", "onepass"): CUDA_ONEPASS,
     ("metal", "pass1"): METAL_PASS1,
     ("metal", "pass2"): METAL_PASS2,
 }
-_OUTPUTS = {"pass1": ["po", "pm", "pl"], "pass2": ["out"]}
+_OUTPUTS = {"pass1": ["po", "pm", "pl"], "pass2": ["out"], "onepass": ["out"]}
 
 
 # MLX's names for the template types in each backend's kernel language
@@ -155,7 +167,7 @@ def _kernel(backend: str, which: str, template: tuple):
             variant = "_".join(str(v).rsplit(".", 1)[-1].lower() for _, v in template)
             length = dict(template).get("LENGTH", False)
             inputs = ["po", "pm", "pl"] if which == "pass2" else ["q", "k", "v", "scale"] + ["valid"] * length
-            keys = "dfa_min(k_shape[2], valid[0])" if length else "k_shape[2]"  # CUDA's pass 1 reads DFA_KEYS
+            keys = "dfa_min(k_shape[2], valid[0])" if length else "k_shape[2]"  # CUDA's kernels read DFA_KEYS
             _kernels[key] = make(
                 name=f"dflash_rows_{which}_{variant}",
                 input_names=inputs,
@@ -203,26 +215,41 @@ def launch_plan(heads: int, kv_heads: int, rows: int, keys: int, head_dim: int, 
     }
 
 
-def _launches(backend: str, shape: tuple, dtype, causal: bool, length: bool = False) -> list:
+def one_pass(backend: str, keys: int) -> bool:
+    """Whether a call over a cache of `keys` takes the single pass (CUDA, short caches)."""
+    return backend == "cuda" and keys <= ONE_PASS_MAX_KEYS
+
+
+def _launches(backend: str, shape: tuple, dtype, causal: bool, length: bool = False, single: bool = None) -> list:
     """The kernel calls for one (q shape, KV heads, keys, dtype, mask) as (which, template, grid,
     threadgroup, output shapes, output dtypes), worked out once per shape: the verify asks for
-    the same few shapes every cycle, and on a GPU bound by the host this arithmetic counts."""
-    key = (backend, shape, dtype, causal, length)
+    the same few shapes every cycle, and on a GPU bound by the host this arithmetic counts.
+    `single`: the single pass or the two (None: as one_pass says)."""
+    H, L, D, KVH, N = shape
+    single = one_pass(backend, N) if single is None else single
+    key = (backend, shape, dtype, causal, length, single)
     plan = _plans.get(key)
     if plan is not None:
         return plan
-    H, L, D, KVH, N = shape
-    p = launch_plan(H, KVH, L, N, D, backend)
-    rows, threads = H * L, 32 * p["warps"]
-    template = (("T", dtype), ("D", D), ("CAUSAL", bool(causal)), ("MAXR", p["max_rows"]), ("RPW", ROWS_PER_WARP))
-    template += (("LENGTH", True),) if length else ()
-    nc, f32 = p["chunks"], mx.float32
-    total = rows * D
-    pass1_shapes = [(rows, nc, D), (rows, nc), (rows, nc)]
-    plan = [
-        ("pass1", template, (nc * threads, KVH, p["row_groups"]), (threads, 1, 1), pass1_shapes, [f32] * 3),
-        ("pass2", (("T", dtype), ("D", D)), (total, 1, 1), (min(256, total), 1, 1), [(1, H, L, D)], [dtype]),
-    ]
+    flags = (("CAUSAL", bool(causal)),)
+    if single:
+        rb = ONE_PASS_ROWS if D <= 128 else ONE_PASS_ROWS // 2
+        template = (("T", dtype), ("D", D), *flags, ("RB", rb), ("W", ONE_PASS_WARPS))
+        template += (("LENGTH", True),) if length else ()
+        threads, groups = 32 * ONE_PASS_WARPS, -(-(H // KVH) * L // rb)
+        plan = [("onepass", template, (KVH * threads, groups, 1), (threads, 1, 1), [(1, H, L, D)], [dtype])]
+    else:
+        p = launch_plan(H, KVH, L, N, D, backend)
+        rows, threads = H * L, 32 * p["warps"]
+        template = (("T", dtype), ("D", D), *flags, ("MAXR", p["max_rows"]), ("RPW", ROWS_PER_WARP))
+        template += (("LENGTH", True),) if length else ()
+        nc, f32 = p["chunks"], mx.float32
+        total = rows * D
+        pass1_shapes = [(rows, nc, D), (rows, nc), (rows, nc)]
+        plan = [
+            ("pass1", template, (nc * threads, KVH, p["row_groups"]), (threads, 1, 1), pass1_shapes, [f32] * 3),
+            ("pass2", (("T", dtype), ("D", D)), (total, 1, 1), (min(256, total), 1, 1), [(1, H, L, D)], [dtype]),
+        ]
     with _lock:
         if len(_plans) > 4096:  # one entry per cache length seen: start over now and then
             _plans.clear()
@@ -233,7 +260,7 @@ def _launches(backend: str, shape: tuple, dtype, causal: bool, length: bool = Fa
 def few_rows_attention(
     q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, valid: mx.array = None
 ) -> mx.array:
-    """softmax(scale * q k^T [+ causal mask]) v on the GPU, in two fused launches.
+    """softmax(scale * q k^T [+ causal mask]) v on the GPU, in one or two fused launches.
 
     q (1, H, L, D), k and v (1, KVH, N, D), H % KVH == 0 (query head h reads KV head
     h // (H // KVH)), 1 <= L <= 16, L <= N, D in (64, 128, 256), one dtype of float32, bfloat16,
@@ -257,13 +284,14 @@ def few_rows_attention(
     return _fused(backend, q, k, v, scale, causal, valid)
 
 
-def _fused(backend: str, q, k, v, scale: float, causal: bool, valid: mx.array = None) -> mx.array:
-    """few_rows_attention's launches, its inputs already checked (by it, or by `attention`)."""
+def _fused(backend: str, q, k, v, scale: float, causal: bool, valid: mx.array = None, single: bool = None) -> mx.array:
+    """few_rows_attention's launches, its inputs already checked (by it, or by `attention`);
+    `single`: as _launches'."""
     _, H, L, D = q.shape
     _, KVH, N, _ = k.shape
     verbose = _settings()[2]
     inputs = [q, k, v, _scale_array(scale)] + ([] if valid is None else [valid])  # valid: (1,) int32
-    plan = _launches(backend, (H, L, D, KVH, N), q.dtype, causal, valid is not None)
+    plan = _launches(backend, (H, L, D, KVH, N), q.dtype, causal, valid is not None, single)
     for which, template, grid, threadgroup, shapes, dtypes in plan:
         extra = {"verbose": True} if verbose and _first_print((backend, which, template)) else {}
         inputs = _kernel(backend, which, template)(
@@ -337,8 +365,8 @@ def _fail(reason: str) -> None:
 
 
 def _self_check(backend: str, dtype, head_dim: int, causal: bool, length: bool = False) -> bool:
-    """Once per (backend, dtype, head dim, causal, length): the kernel on small random inputs
-    against the float32 reference (GQA 2, 3 rows, 45 keys: two chunks, the second partial; with
+    """Once per (backend, dtype, head dim, causal, length): the kernels (on CUDA both the single
+    pass and the two) on small random inputs against the float32 reference (GQA 2, 3 rows, 45 keys: two chunks, the second partial; with
     `length`, the first 40 of them valid). A build error or a mismatch turns the fused path off for
     the process, with one warning line."""
     key = (backend, dtype, head_dim, bool(causal), length)
@@ -355,7 +383,6 @@ def _self_check(backend: str, dtype, head_dim: int, causal: bool, length: bool =
             v = mx.random.normal((1, 2, 45, head_dim), key=rk[2]).astype(dtype)
             scale = head_dim**-0.5
             valid = mx.array([40], dtype=mx.int32) if length else None
-            got = few_rows_attention(q, k, v, scale, causal, valid).astype(mx.float32)
             n = 40 if length else 45
             # the reference on the CPU: MLX's CUDA float32 matmuls run in TF32 unless
             # MLX_ENABLE_TF32=0 (errors ~1e-4, more than the kernel's own)
@@ -363,7 +390,12 @@ def _self_check(backend: str, dtype, head_dim: int, causal: bool, length: bool =
                 want = reference_attention(
                     *(x.astype(mx.float32) for x in (q, k[:, :, :n], v[:, :, :n])), scale, causal
                 )
-            err = mx.max(mx.abs(got - want)).item()
+            kinds = (True, False) if backend == "cuda" else (False,)  # whichever a call may take
+            errs = [
+                mx.max(mx.abs(_fused(backend, q, k, v, scale, causal, valid, single).astype(mx.float32) - want)).item()
+                for single in kinds
+            ]
+            err = max(errs) if all(math.isfinite(e) for e in errs) else math.inf
             tol = 1e-4 if dtype == mx.float32 else 3e-2
             ok = math.isfinite(err) and err <= tol
             if not ok:
