@@ -260,12 +260,12 @@ CUDA_PASS2 = r"""
 # hundreds of blocks; at a few hundred keys their second launch and their few-warp blocks cost more
 # than the work (fused_attention.ONE_PASS_MAX_KEYS).
 CUDA_ONEPASS = r"""
-  constexpr int DPL = D / 32;
+  constexpr int DPL = D / 32;       // output dims per lane: j, j + 32, ...
   constexpr float NEG = -3.0e38f;
-  __shared__ float q_s[RB * D];
-  __shared__ float p_s[W * RB * 32];
-  __shared__ float o_s[RB * D];
-  __shared__ float m_s[W * RB];
+  __shared__ float q_s[RB * D];     // the block's rows, scaled (zeros past R)
+  __shared__ float p_s[W * RB * 32];  // each warp's probabilities of its tile's keys, per row
+  __shared__ float o_s[RB * D];     // the combined output
+  __shared__ float m_s[W * RB];     // each warp's running max and sum, per row
   __shared__ float l_s[W * RB];
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -294,6 +294,7 @@ CUDA_ONEPASS = r"""
     q_s[e] = x;
     o_s[e] = 0.0f;
   }
+  // Per row: the last key it may see (-1: a padding row), running max, sum and output.
   int lim[RB];
   float m[RB], l[RB], o[RB][DPL];
 #pragma unroll
@@ -308,6 +309,7 @@ CUDA_ONEPASS = r"""
     }
   }
   __syncthreads();
+  // Warp w: tiles w, w + W, ... of 32 keys; lane j scores key t*32 + j against every row.
   float* p_w = p_s + warp * RB * 32;
   const int tiles = (N + 31) / 32;
   for (int t = warp; t < tiles; t += W) {
@@ -347,6 +349,7 @@ CUDA_ONEPASS = r"""
       p_w[rr * 32 + lane] = p;
     }
     __syncwarp();
+    // o += P . V: eight value rows loaded before any is used (their loads in flight together).
     const int nk = dfa_min(32, N - t * 32);
     for (int j0 = 0; j0 < nk; j0 += 8) {
       float vv[8][DPL];
@@ -372,6 +375,7 @@ CUDA_ONEPASS = r"""
     }
     __syncwarp();
   }
+  // Combine the warps: each scales its output to the block's max and sum, then adds it in.
   if (lane == 0) {
 #pragma unroll
     for (int rr = 0; rr < RB; ++rr) {
