@@ -1,5 +1,5 @@
 """The GPU kernels' CUDA sources run on the CPU (tests/cuda_emulation.py): the fused attention's
-and the few-row matmul's, each over the whole grid the engine launches (fused_attention._launches,
+(its single pass and its two) and the few-row matmul's, each over the whole grid the engine launches (fused_attention._launches,
 few_rows_matmul's), against the float32 reference. So a change to a kernel is checked where no GPU
 is; the GPU tests (tests/test_fused_attention.py, tests/test_few_rows_matmul.py) check them on the
 device, with MLX's own launch."""
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="needs a C++ compiler (g++)"
 
 def _body(which: str, template: tuple, length: bool) -> str:
     keys = "dfa_min(k_shape[2], valid[0])" if length else "k_shape[2]"
-    source = {"pass1": ak.CUDA_PASS1, "pass2": ak.CUDA_PASS2}[which]
+    source = {"onepass": ak.CUDA_ONEPASS, "pass1": ak.CUDA_PASS1, "pass2": ak.CUDA_PASS2}[which]
     return fa._constants("cuda", template) + f"#define DFA_KEYS {keys}\n" + source + "\n#undef DFA_KEYS\n"
 
 
@@ -52,6 +52,12 @@ def _program(plan: list, H: int, L: int, D: int, KVH: int, N: int, length: bool)
                 f"launch({blocks}, {block[0]}, [&] {{ kernel{i}(po.data(), shape3({rows}, {nc}, D), pm.data(), "
                 f"shape2({rows}, {nc}), pl.data(), shape2({rows}, {nc}), out.data()); }});"
             )
+        else:
+            functions.append(f"void kernel{i}({attention_in}, float* out) {{\n{_body(which, template, length)}}}")
+            calls.append(
+                f"launch({blocks}, {block[0]}, [&] {{ kernel{i}(q.data(), qs, qst, k.data(), ks, kst, v.data(), ks, "
+                "kst, &scale, &valid, out.data()); });"
+            )
     main = f"""
 int main(int argc, char** argv) {{
   const int H = {H}, L = {L}, D = {D}, KVH = {KVH}, N = {N};
@@ -68,8 +74,8 @@ int main(int argc, char** argv) {{
     return PRELUDE + ak.CUDA_HEADER + "\n".join(functions) + main
 
 
-def _run(tmp_path, H, KVH, L, N, D, causal, valid=None) -> tuple:
-    plan = fa._launches("cuda", (H, L, D, KVH, N), mx.float32, causal, valid is not None)
+def _run(tmp_path, single: bool, H, KVH, L, N, D, causal, valid=None) -> tuple:
+    plan = fa._launches("cuda", (H, L, D, KVH, N), mx.float32, causal, valid is not None, single)
     rng = np.random.default_rng(H * 1000 + L * 10 + N)
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, H, L, D), (1, KVH, N, D), (1, KVH, N, D)))
     scale = D**-0.5
@@ -94,10 +100,11 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("single", [True, False], ids=["one-pass", "two-pass"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "H{}-KVH{}-L{}-N{}-D{}-{}-valid{}".format(*c))
-def test_cuda_kernel_matches_the_reference(tmp_path, case):
+def test_cuda_kernel_matches_the_reference(tmp_path, single, case):
     H, KVH, L, N, D, causal, valid = case
-    got, want = _run(tmp_path, H, KVH, L, N, D, causal, valid)
+    got, want = _run(tmp_path, single, H, KVH, L, N, D, causal, valid)
     assert np.max(np.abs(got - want)) < 3e-5
 
 
