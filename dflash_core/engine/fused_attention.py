@@ -56,8 +56,8 @@ HEAD_DIMS = (64, 128, 256)
 DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 MAX_ROWS = 16  # query rows per call that `attention` sends to the kernels
 # ... and the fewest: MLX 0.32's CUDA sdpa has its own fused "vector" kernel for fewer than 4 rows
-# (6.5 us a call inside a graph at 2 rows on an H200, against ~40 us here), so 2 and 3 rows stay
-# with MLX
+# (6.5 us a call inside a graph at 2 rows on an H200, against ~40 us for the two passes; the single
+# pass has not been timed there), so 2 and 3 rows stay with MLX
 MIN_ROWS = 4
 # The single pass (CUDA): W warps a block, each block RB rows of one KV head (fewer at head dim 256,
 # whose rows take twice the registers), for caches of at most ONE_PASS_MAX_KEYS keys (a compiled
