@@ -389,6 +389,7 @@ def test_kernel_sources_are_compact_and_carry_their_constants():
     (`using T = ...;`, `constexpr int D = ...;`) and drops comments and indentation (MLX copies and
     hashes the source at every call): the same code tokens, each `#pragma` still on its own line."""
     from dflash_core.engine import attention_kernels as ak
+    from dflash_core.engine import metal_kernels as mk
 
     template = (("T", mx.bfloat16), ("D", 128), ("CAUSAL", False), ("MAXR", 32), ("RPW", 4))
     assert fa._constants("cuda", template).splitlines() == [
@@ -399,7 +400,7 @@ def test_kernel_sources_are_compact_and_carry_their_constants():
         "constexpr int RPW = 4;",
     ]
     assert fa._constants("metal", template[:1]) == "using T = bfloat16_t;\n"
-    for source in (ak.CUDA_HEADER, ak.CUDA_PASS1, ak.CUDA_PASS2, ak.CUDA_ONEPASS, ak.METAL_PASS1, ak.METAL_PASS2):
+    for source in (ak.CUDA_HEADER, ak.CUDA_PASS1, ak.CUDA_PASS2, ak.CUDA_ONEPASS, mk.METAL_PASS1, mk.METAL_PASS2):
         compact = fa._compact(source)
         code = [line.split("//", 1)[0] for line in source.splitlines()]
         assert compact.split() == " ".join(code).split()

@@ -14,13 +14,10 @@ memory). The kernels here do it in two launches, reading each key and value once
   One launch instead (one key chunk per block, the output normalised in place) measured slower on
   an H200: a cycle of the default pair 12.1 ms against 8.2 (scripts/host_overlap.py).
 
-On CUDA a cache of at most ONE_PASS_MAX_KEYS keys takes a single pass instead: a block per (KV
-head, group of 8 rows) whose 8 warps split the keys between them and combine their partials in
-shared memory (attention_kernels.CUDA_ONEPASS). At a few hundred keys the two passes' second launch
-and their blocks of one or two warps (a 1-row call's) cost more than the work. With it, on an
-H100, the default pair's 40 held-out requests read 1.78x median for both policies (the two passes:
-1.49-1.72x in earlier runs, not side by side) and the engine's pipelined plain step 3.98 ms against
-mlx-lm's 5.46 (docs/benchmarks.md). ONE_PASS_MAX_KEYS is a first guess: not yet timed call by call.
+On CUDA a cache of at most ONE_PASS_MAX_KEYS keys (a first guess) takes a single pass instead
+(attention_kernels.CUDA_ONEPASS): at a few hundred keys the two passes' second launch and their
+blocks of one or two warps (a 1-row call's) cost more than the work. On an H100 with it the
+held-out requests read 1.78x median (docs/benchmarks.md).
 
 The chunk count grows with the cache (enough blocks at 300 keys and at 32K). Contract, like MLX's:
 q (1, H, L, D), k and v (1, KVH, N, D); causal: row i sees keys j <= N - L + i (the block sits at
@@ -45,8 +42,9 @@ import threading
 
 import mlx.core as mx
 
-from .attention_kernels import CUDA_HEADER, CUDA_ONEPASS, CUDA_PASS1, CUDA_PASS2, METAL_PASS1, METAL_PASS2
+from .attention_kernels import CUDA_HEADER, CUDA_ONEPASS, CUDA_PASS1, CUDA_PASS2
 from .device_cache import DeviceKVCache
+from .metal_kernels import METAL_PASS1, METAL_PASS2
 
 TILE = 32  # keys per tile: one per lane when scoring (kernels' TK)
 ROWS_PER_WARP = 4  # query rows a warp (Metal: SIMD group) owns (kernels' RPW)
