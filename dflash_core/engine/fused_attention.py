@@ -232,18 +232,17 @@ def _launches(backend: str, shape: tuple, dtype, causal: bool, length: bool = Fa
     plan = _plans.get(key)
     if plan is not None:
         return plan
-    flags = (("CAUSAL", bool(causal)),)
+    common = (("T", dtype), ("D", D), ("CAUSAL", bool(causal)))  # and LENGTH last, where given
+    with_length = (("LENGTH", True),) if length else ()
     if single:
         rb = ONE_PASS_ROWS if D <= 128 else ONE_PASS_ROWS // 2
-        template = (("T", dtype), ("D", D), *flags, ("RB", rb), ("W", ONE_PASS_WARPS))
-        template += (("LENGTH", True),) if length else ()
+        template = (*common, ("RB", rb), ("W", ONE_PASS_WARPS), *with_length)
         threads, groups = 32 * ONE_PASS_WARPS, -(-(H // KVH) * L // rb)
         plan = [("onepass", template, (KVH * threads, groups, 1), (threads, 1, 1), [(1, H, L, D)], [dtype])]
     else:
         p = launch_plan(H, KVH, L, N, D, backend)
         rows, threads = H * L, 32 * p["warps"]
-        template = (("T", dtype), ("D", D), *flags, ("MAXR", p["max_rows"]), ("RPW", ROWS_PER_WARP))
-        template += (("LENGTH", True),) if length else ()
+        template = (*common, ("MAXR", p["max_rows"]), ("RPW", ROWS_PER_WARP), *with_length)
         nc, f32 = p["chunks"], mx.float32
         total = rows * D
         pass1_shapes = [(rows, nc, D), (rows, nc), (rows, nc)]
