@@ -1,6 +1,6 @@
 """What one attention call costs on this GPU by query rows: MLX's sdpa against the fused few-rows
 kernels (dflash_core/fused_attention.py), for the shapes of two targets: SmolLM2-135M (9 heads,
-3 KV heads, head dim 64) at a 300-token cache and Qwen3-4B (32 / 8, head dim 128) at 300, 1024 and 4096,
+3 KV heads, head dim 64) at a 300-token cache and Qwen3-4B (32 / 8, head dim 128) at 300, 1024, 2048 and 4096,
 rows 1, 2, 3, 4, 8, 16 (causal, the verify forward's mask), float32 and bfloat16. Two figures each,
 medians after warm-up with mx.synchronize around each evaluation: one call evaluated alone (bound
 by the evaluation's own overhead), the cost per call of many calls evaluated at once (what a
@@ -28,7 +28,7 @@ from dflash_core.engine import fused_attention as fa  # noqa: E402
 
 SHAPES = [  # (name, heads, KV heads, head dim, cache lengths)
     ("smollm2-135m", 9, 3, 64, (300,)),
-    ("qwen3-4b", 32, 8, 128, (300, 1024, 4096)),
+    ("qwen3-4b", 32, 8, 128, (300, 1024, 2048, 4096)),
 ]
 ROWS = (1, 2, 3, 4, 8, 16)
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
