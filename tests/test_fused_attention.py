@@ -233,7 +233,7 @@ def _kernels(monkeypatch, single: bool):
     """Every call takes the single pass (single) or the two passes."""
     if single and fa.gpu_backend() != "cuda":
         pytest.skip("the single pass is CUDA's")
-    monkeypatch.setattr(fa, "ONE_PASS_MAX_KEYS", 1 << 30 if single else -1)
+    monkeypatch.setattr(fa, "one_pass", lambda backend, rows, keys: single)
 
 
 @needs_gpu
@@ -365,6 +365,16 @@ def test_launches_are_worked_out_once_per_shape():
     assert fa._launches("cuda", (9, 8, 64, 3, fa.ONE_PASS_MAX_KEYS + 1), mx.float32, True)[0][0] == "pass1"
     plan = fa._launches("cuda", (9, 8, 64, 3, 300), mx.bfloat16, True)
     assert [which for which, *_ in plan] == ["onepass"] and plan[0][-2:] == ([(1, 9, 8, 64)], [mx.bfloat16])
+
+
+def test_one_pass_takes_few_rows_over_short_caches():
+    """The single pass where it was measured faster: up to 4 rows over up to ONE_PASS_MAX_KEYS keys,
+    more rows while rows x keys stays within ONE_PASS_MAX_ROW_KEYS; never off CUDA."""
+    assert fa.one_pass("cuda", 1, 4096) and fa.one_pass("cuda", 4, 4096) and not fa.one_pass("cuda", 1, 4097)
+    assert fa.one_pass("cuda", 8, 1024) and not fa.one_pass("cuda", 8, 2048)
+    assert fa.one_pass("cuda", 16, 512) and not fa.one_pass("cuda", 16, 1024)
+    assert not fa.one_pass("metal", 1, 300)
+    assert fa._launches("cuda", (32, 16, 128, 8, 1024), mx.float32, True)[0][0] == "pass1"
 
 
 def test_one_pass_grid_covers_every_row():

@@ -258,7 +258,7 @@ CUDA_PASS2 = r"""
 # warp per scheduler nothing else hides their latency). At the end the warps' partials are
 # combined in shared memory and written normalised. The two passes above spread a long cache over
 # hundreds of blocks; at a few hundred keys their second launch and their few-warp blocks cost more
-# than the work (fused_attention.ONE_PASS_MAX_KEYS).
+# than the work (fused_attention.one_pass).
 CUDA_ONEPASS = r"""
   constexpr int DPL = D / 32;       // output dims per lane: j, j + 32, ...
   constexpr float NEG = -3.0e38f;

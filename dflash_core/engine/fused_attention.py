@@ -14,10 +14,10 @@ memory). The kernels here do it in two launches, reading each key and value once
   One launch instead (one key chunk per block, the output normalised in place) measured slower on
   an H200: a cycle of the default pair 12.1 ms against 8.2 (scripts/host_overlap.py).
 
-On CUDA a cache of at most ONE_PASS_MAX_KEYS keys (a first guess) takes a single pass instead
-(attention_kernels.CUDA_ONEPASS): at a few hundred keys the two passes' second launch and their
-blocks of one or two warps (a 1-row call's) cost more than the work. On an H100 with it the
-held-out requests read 1.78x median (docs/benchmarks.md).
+On CUDA a call of few rows over a short cache takes a single pass instead (one_pass,
+attention_kernels.CUDA_ONEPASS): there the two passes' second launch and their blocks of one or two
+warps (a 1-row call's) cost more than the work. On an H100 the held-out requests read 1.84x median
+with it against 1.52x with the two passes, one after the other (docs/benchmarks.md).
 
 The chunk count grows with the cache (enough blocks at 300 keys and at 32K). Contract, like MLX's:
 q (1, H, L, D), k and v (1, KVH, N, D); causal: row i sees keys j <= N - L + i (the block sits at
@@ -26,10 +26,9 @@ were measured faster (4..16 rows, cache length x rows within max_keys_x_rows) an
 anything else; `install(model)` routes an mlx-lm model's attention through it. Both are off on the
 CPU, where MLX's path is unchanged bit for bit.
 
-Measured on an H200 (per call inside a graph, 32 calls evaluated together; scripts/attention_rows.py):
-9 heads / 3 KV / head dim 64 at 300 keys, 4..16 rows, causal: MLX 0.07-0.15 ms, fused 0.04-0.07 ms;
-32 / 8 / 128 at 4096 keys: float32 MLX 0.15-0.26, fused 0.09-0.16. Each variant (dtype, head dim,
-mask) is compiled by NVRTC at its first use in a process: about 2.5 s.
+On an H100 (per call in a graph of 32, scripts/attention_rows.py), 4..16 rows, causal: 9 heads / 3 KV /
+head dim 64 at 300 keys MLX 0.075-0.10 ms, fused 0.017-0.019; 32 / 8 / 128 at 4096 keys, float32,
+MLX 0.13-0.17, fused 0.07-0.16. Each variant is compiled by NVRTC at its first use: about 2.5 s.
 
 DFLASH_FUSED_ATTENTION=0|1 overrides the default (on for CUDA, off for Metal, never on the CPU);
 DFLASH_FUSED_ATTENTION_VERBOSE=1 prints each kernel's generated source once.
@@ -53,16 +52,18 @@ MAX_CHUNKS = 1024
 HEAD_DIMS = (64, 128, 256)
 DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 MAX_ROWS = 16  # query rows per call that `attention` sends to the kernels
-# ... and the fewest: MLX 0.32's CUDA sdpa has its own fused "vector" kernel for fewer than 4 rows
-# (6.5 us a call inside a graph at 2 rows on an H200, against ~40 us for the two passes; the single
-# pass has not been timed there), so 2 and 3 rows stay with MLX
+# ... and the fewest: MLX 0.32's CUDA sdpa has its own fused kernel for 1-3 rows, faster than ours
+# (an H100, 300 keys, in a graph: 0.007-0.011 ms a call, the single pass 0.014-0.017), so they stay MLX's
 MIN_ROWS = 4
 # The single pass (CUDA): W warps a block, each block RB rows of one KV head (fewer at head dim 256,
-# whose rows take twice the registers), for caches of at most ONE_PASS_MAX_KEYS keys (a compiled
-# cycle's cache: its whole fixed size), beyond which the two passes spread the keys wider
+# whose rows take twice the registers). In a graph on an H100 (docs/results/h100-attention-rows.json)
+# it beats the two passes at 1-4 rows up to 4,096 keys (there 0.04-0.07 ms a call against 0.07-0.14)
+# and at 8-16 rows up to about 8,192 rows x keys (16 rows over 1,024 keys: 0.087 against 0.071).
+# Keys here are a compiled cycle's whole fixed-size cache.
 ONE_PASS_WARPS = 8
 ONE_PASS_ROWS = 8
-ONE_PASS_MAX_KEYS = 2048
+ONE_PASS_MAX_KEYS = 4096
+ONE_PASS_MAX_ROW_KEYS = 8192  # rows x keys, for more than 4 rows
 ENV = "DFLASH_FUSED_ATTENTION"
 ENV_VERBOSE = "DFLASH_FUSED_ATTENTION_VERBOSE"
 
@@ -216,9 +217,9 @@ def launch_plan(heads: int, kv_heads: int, rows: int, keys: int, head_dim: int, 
     }
 
 
-def one_pass(backend: str, keys: int) -> bool:
-    """Whether a call over a cache of `keys` takes the single pass (CUDA, short caches)."""
-    return backend == "cuda" and keys <= ONE_PASS_MAX_KEYS
+def one_pass(backend: str, rows: int, keys: int) -> bool:
+    """Whether a call of `rows` query rows over a cache of `keys` takes the single pass (CUDA)."""
+    return backend == "cuda" and keys <= ONE_PASS_MAX_KEYS and (rows <= 4 or rows * keys <= ONE_PASS_MAX_ROW_KEYS)
 
 
 def _launches(backend: str, shape: tuple, dtype, causal: bool, length: bool = False, single: bool = None) -> list:
@@ -227,7 +228,7 @@ def _launches(backend: str, shape: tuple, dtype, causal: bool, length: bool = Fa
     the same few shapes every cycle, and on a GPU bound by the host this arithmetic counts.
     `single`: the single pass or the two (None: as one_pass says)."""
     H, L, D, KVH, N = shape
-    single = one_pass(backend, N) if single is None else single
+    single = one_pass(backend, L, N) if single is None else single
     key = (backend, shape, dtype, causal, length, single)
     plan = _plans.get(key)
     if plan is not None:
