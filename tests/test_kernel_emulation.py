@@ -108,9 +108,11 @@ def test_cuda_kernel_matches_the_reference(tmp_path, single, case):
     assert np.max(np.abs(got - want)) < 3e-5
 
 
-@pytest.mark.parametrize("rows,n,k,nw", [(2, 40, 64, 2), (5, 33, 128, 4), (8, 257, 96, 2), (16, 70, 32, 4)])
+@pytest.mark.parametrize(
+    "rows,n,k,nw", [(2, 40, 64, 2), (5, 33, 128, 4), (8, 257, 96, 2), (16, 70, 32, 4), (12, 45, 64, 8)]
+)
 def test_few_rows_matmul_kernel_matches_the_product(tmp_path, rows, n, k, nw):
-    """x @ w.T for 2..16 rows of x, every output column, at both widths of a block (the 2 and 4
+    """x @ w.T for 2..16 rows of x, every output column, at every width of a block (the 2, 4 and 8
     columns of frm.outputs_per_block), with column counts that leave the last block partial."""
     program = (
         PRELUDE

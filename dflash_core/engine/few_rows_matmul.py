@@ -116,9 +116,16 @@ def enabled() -> bool:
     return on and "failed" not in _state
 
 
-def outputs_per_block(n: int) -> int:
-    """Output columns a block owns: 4 shares each read of x among 4 columns; narrow matrices take 2
-    so that enough blocks run (the weights stream only with enough reads in flight)."""
+def outputs_per_block(n: int, k: int, rows: int) -> int:
+    """Output columns a block owns. Every block reads all of x's rows, so more columns a block share
+    each read of x among more sums; fewer columns give more blocks, whose reads of the weights keep
+    the memory busy. Up to 8 rows: 4 for wide matrices, 2 for narrow ones. Above 8 rows the reads of
+    x dominate: 4, and 8 where K is deep (by width on an H100 at 16 rows, ms, 2 / 4 / 8 columns:
+    Qwen3-4B's down projection, 2560 x 9728, 0.099 / 0.081 / 0.065; its q, 4096 x 2560, 0.040 /
+    0.035 / 0.036; at 8 rows 0.059 / 0.061 / 0.062 and 0.027 / 0.028 / 0.031;
+    docs/results/h100-few-rows-matmul.json)."""
+    if rows > 8:
+        return 8 if k >= 4096 else 4
     return 4 if n >= 8192 else 2
 
 
@@ -151,7 +158,7 @@ def few_rows_matmul(x: mx.array, w: mx.array, nw: int = None) -> mx.array:
     """x @ w.T through the kernel: x (..., K) with 2..16 rows in all, w (N, K), float32, CUDA."""
     n, k = w.shape
     rows = x.size // k
-    nw = nw or outputs_per_block(n)
+    nw = nw or outputs_per_block(n, k, rows)
     (y,) = _kernel(rows, nw)(
         inputs=[x.reshape(rows, k), w],
         grid=(-(-n // nw) * THREADS, 1, 1),
