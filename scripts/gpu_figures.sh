@@ -30,6 +30,16 @@
 #                                          its tests, its cost by rows against MLX's (matmul_rows.py),
 #                                          the Qwen3-4B-shaped target's forward by rows with it and
 #                                          without, and that target's oracle with it (float32)
+#   bash scripts/gpu_figures.sh now       the figures the current tables quote, as CUDA runs by default:
+#                                          a warm-up process, all 40 held-out requests (adaptive beside
+#                                          fixed, one repeat), the Qwen3-4B-shaped oracle at B = 16 in
+#                                          float32 and bfloat16
+#   bash scripts/gpu_figures.sh now-checks  the lossless tests of every family (pipelined, compiled,
+#                                          interleaved), the fused attention's and the few-row matmul's
+#                                          tests, attention by rows, and both targets' forwards by rows
+#   bash scripts/gpu_figures.sh passes    the fused attention's single pass against its two passes on
+#                                          the 40 held-out requests: four processes in turn (single,
+#                                          two, single, two), each both policies, one repeat
 #   bash scripts/gpu_figures.sh graphs    MLX CUDA's graph settings (MLX_CUDA_GRAPH_CACHE_SIZE,
 #                                          MLX_MAX_OPS_PER_BUFFER) on the first 12 held-out requests,
 #                                          one repeat each (GRAPH_SETTINGS="CACHE:OPS ..."), the adaptive policy beside the fixed one
@@ -115,6 +125,39 @@ trace)
   DFLASH_DTYPE=float32 run policy-trace 200 $py scripts/policy_trace.py --requests "${REQUESTS:-25,9,4,22,36,3}" \
     --repeat "${REPEAT:-2}" --save "$out/policy-trace.json"
   ;;
+now)
+  export DFLASH_DTYPE=float32
+  piece warm-up 150 --prompt "Hello" --max-tokens 64 --repeat 1 --policy adaptive --policy-sweep fixed
+  piece benchmark-gpu 240 --prompts assets/prompts/chat_heldout.json --policy adaptive --policy-sweep fixed --repeat 1
+  $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
+  Q4B=(--model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft --block-size 16 --oracle --prompt "def parse(line):" --repeat 3)
+  piece qwen3-4b-shape-f32 130 "${Q4B[@]}"
+  DFLASH_DTYPE= piece qwen3-4b-shape-bf16 70 "${Q4B[@]}"
+  ;;
+now-checks)
+  export DFLASH_DTYPE=float32
+  run lossless 140 $py -m pytest tests/test_pipeline.py tests/test_policy.py tests/test_engine.py -q \
+    -p no:cacheprovider -m "not slow" -k "lossless or interleav or traces_every"
+  DFLASH_FUSED_ATTENTION_VERBOSE=0 run fused-tests 150 $py -m pytest tests/test_fused_attention.py \
+    tests/test_few_rows_matmul.py -q -p no:cacheprovider
+  run attention-rows 60 $py scripts/attention_rows.py --repeats 20 --json "$out/attention-rows.json"
+  run forward-rows 70 $py scripts/forward_rows.py --save "$out/forward-rows.json"
+  [[ -d /tmp/q4b/qwen3-target ]] || $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
+  run q4b-rows 60 $py scripts/forward_rows.py --model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft \
+    --rows 2,4,8,16 --cycles 0 --save "$out/q4b-rows.json"
+  ;;
+passes)
+  export DFLASH_DTYPE=float32
+  piece warm-up 150 --prompt "Hello" --max-tokens 64 --repeat 1 --policy adaptive --policy-sweep fixed
+  H=(--prompts assets/prompts/chat_heldout.json --policy adaptive --policy-sweep fixed --repeat 1)
+  # the two passes: fused_attention.one_pass answering no, in the benchmark's own process
+  two="import runpy, sys; from dflash_core.engine import fused_attention as fa; fa.one_pass = lambda *a: False"
+  two="$two; sys.argv = ['dflash_core'] + sys.argv[1:]; runpy.run_module('dflash_core', run_name='__main__')"
+  for k in 1 2; do
+    piece heldout-single-$k 130 "${H[@]}"
+    run heldout-two-$k 130 $py -c "$two" benchmark "${H[@]}" --save "$out/heldout-two-$k.json"
+  done
+  ;;
 graphs)
   export DFLASH_DTYPE=float32
   $py -c "import json; json.dump(json.load(open('assets/prompts/chat_heldout.json'))[:12], open('/tmp/heldout12.json', 'w'))"
@@ -127,7 +170,7 @@ graphs)
   done
   ;;
 *)
-  echo "usage: bash scripts/gpu_figures.sh checks|cycle|overlap|heldout|compiled|trace|graphs" >&2
+  echo "usage: bash scripts/gpu_figures.sh checks|cycle|overlap|heldout|compiled|trace|rows|now|now-checks|passes|graphs" >&2
   exit 2
   ;;
 esac
