@@ -141,10 +141,10 @@ now-checks)
   DFLASH_FUSED_ATTENTION_VERBOSE=0 run fused-tests 150 $py -m pytest tests/test_fused_attention.py \
     tests/test_few_rows_matmul.py -q -p no:cacheprovider
   run attention-rows 60 $py scripts/attention_rows.py --repeats 20 --json "$out/attention-rows.json"
-  run forward-rows 70 $py scripts/forward_rows.py --save "$out/forward-rows.json"
+  run forward-rows 80 $py scripts/forward_rows.py --compiled --save "$out/forward-rows.json"
   [[ -d /tmp/q4b/qwen3-target ]] || $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
-  run q4b-rows 60 $py scripts/forward_rows.py --model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft \
-    --rows 2,4,8,16 --cycles 0 --save "$out/q4b-rows.json"
+  run q4b-rows 80 $py scripts/forward_rows.py --model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft \
+    --rows 2,4,8,16 --cycles 0 --compiled --save "$out/q4b-rows.json"
   ;;
 passes)
   export DFLASH_DTYPE=float32
