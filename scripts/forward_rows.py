@@ -28,12 +28,21 @@ from dflash_core.models.loading import load_pair  # noqa: E402
 ROWS = (1, 2, 4, 8, 16)
 
 
+def _filled(pair, cache_tokens: int):
+    """The pair's target, its cache holding `cache_tokens` tokens of a chat request."""
+    ids = pair.encode("Why is the sky blue during the day but red at sunset? Explain in detail.", True)
+    pair.target.prefill((ids * (cache_tokens // len(ids) + 1))[:cache_tokens])
+    return pair.target
+
+
+def _in_one_row_forwards(costs: dict) -> dict:
+    return {r: round(c["total_ms"] / costs[1]["total_ms"], 2) for r, c in costs.items()}
+
+
 def forward_costs(pair, cache_tokens: int = 300, repeats: int = 30, rows_list=ROWS) -> dict:
     """rows -> median ms of a verify forward (from building its graph to its logits) and of the
     building alone, over a cache of cache_tokens."""
-    target = pair.target
-    ids = pair.encode("Why is the sky blue during the day but red at sunset? Explain in detail.", True)
-    target.prefill((ids * (cache_tokens // len(ids) + 1))[:cache_tokens])
+    target = _filled(pair, cache_tokens)
     out = {}
     for rows in rows_list:
         build, total = [], []
@@ -56,9 +65,7 @@ def compiled_forward_costs(pair, cache_tokens: int = 300, repeats: int = 30, row
     size (pipeline.capacity_for) with their length on the device, the forward a compiled graph
     (traced once per row count, then replayed). The caches go in as inputs and the rows it writes
     are not kept, so every call sees the same cache."""
-    target = pair.target
-    ids = pair.encode("Why is the sky blue during the day but red at sunset? Explain in detail.", True)
-    target.prefill((ids * (cache_tokens // len(ids) + 1))[:cache_tokens])
+    target = _filled(pair, cache_tokens)
     target.on_device(pipeline.capacity_for(cache_tokens + max(rows_list)))
     buffers = [x for c in target.cache for x in (c.keys, c.values)]
 
@@ -130,12 +137,10 @@ def main():
     res = {"device": str(mx.default_device()), "dtype": str(pair.compute_dtype or "the weights' own")}
     rows_list = sorted({1, *map(int, args.rows.split(","))})
     res["target_forward_by_rows"] = rows = forward_costs(pair, rows_list=rows_list)
-    res["forward_in_one_row_forwards"] = {r: round(c["total_ms"] / rows[1]["total_ms"], 2) for r, c in rows.items()}
-    if args.compiled:
+    res["forward_in_one_row_forwards"] = _in_one_row_forwards(rows)
+    if args.compiled and pair.target.plain_kv():  # the caches the compiled cycles take
         res["compiled_forward_by_rows"] = rows = compiled_forward_costs(pair, rows_list=rows_list)
-        res["compiled_in_one_row_forwards"] = {
-            r: round(c["total_ms"] / rows[1]["total_ms"], 2) for r, c in rows.items()
-        }
+        res["compiled_in_one_row_forwards"] = _in_one_row_forwards(rows)
     prompts = prompts if args.cycles is None else prompts[: args.cycles]
     res["cycles"] = [{"prompt": q, **cycle_split(pair, q, args.max_tokens)} for q in prompts]
     if prompts:
