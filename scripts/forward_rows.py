@@ -39,25 +39,33 @@ def _in_one_row_forwards(costs: dict) -> dict:
     return {r: round(c["total_ms"] / costs[1]["total_ms"], 2) for r, c in costs.items()}
 
 
+def _timed(forward, undo, repeats: int, warmup: int) -> dict:
+    """Median ms of forward() from building its graph to its outputs, and of the building alone,
+    over `repeats` calls after `warmup` ones; undo() after each puts the cache back."""
+    build, total = [], []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        outputs = forward()
+        t1 = time.perf_counter()
+        mx.eval(outputs)
+        t2 = time.perf_counter()
+        undo()
+        if i >= warmup:
+            build.append((t1 - t0) * 1e3)
+            total.append((t2 - t0) * 1e3)
+    return {"total_ms": round(median(total), 2), "build_ms": round(median(build), 2)}
+
+
 def forward_costs(pair, cache_tokens: int = 300, repeats: int = 30, rows_list=ROWS) -> dict:
     """rows -> median ms of a verify forward (from building its graph to its logits) and of the
     building alone, over a cache of cache_tokens."""
     target = _filled(pair, cache_tokens)
-    out = {}
-    for rows in rows_list:
-        build, total = [], []
-        for i in range(repeats + 1):  # the first is a warm-up
-            t0 = time.perf_counter()
-            logits, taps = target.verify([1] * rows)
-            t1 = time.perf_counter()
-            mx.eval(logits, *taps)
-            t2 = time.perf_counter()
-            target.rollback(kept=0, fed=rows)
-            if i:
-                build.append((t1 - t0) * 1e3)
-                total.append((t2 - t0) * 1e3)
-        out[rows] = {"total_ms": round(median(total), 2), "build_ms": round(median(build), 2)}
-    return out
+    return {
+        rows: _timed(
+            lambda rows=rows: target.verify([1] * rows), lambda rows=rows: target.rollback(kept=0, fed=rows), repeats, 1
+        )
+        for rows in rows_list
+    }
 
 
 def compiled_forward_costs(pair, cache_tokens: int = 300, repeats: int = 30, rows_list=ROWS) -> dict:
@@ -79,21 +87,14 @@ def compiled_forward_costs(pair, cache_tokens: int = 300, repeats: int = 30, row
         return [logits, *taps]
 
     graph = mx.compile(forward)
-    out = {}
-    for rows in rows_list:
-        tokens = mx.ones((rows,), dtype=mx.int32)
-        build, total = [], []
-        for i in range(repeats + 2):  # the first two: the trace, then a warm-up
-            t0 = time.perf_counter()
-            outputs = graph(tokens, *buffers)
-            t1 = time.perf_counter()
-            mx.eval(outputs)
-            t2 = time.perf_counter()
-            load(buffers)  # a trace leaves its placeholders in the caches
-            if i > 1:
-                build.append((t1 - t0) * 1e3)
-                total.append((t2 - t0) * 1e3)
-        out[rows] = {"total_ms": round(median(total), 2), "build_ms": round(median(build), 2)}
+    # the first two calls of a row count: its trace, then a warm-up; a trace leaves its
+    # placeholders in the caches, hence load(buffers) after each call
+    out = {
+        rows: _timed(
+            lambda rows=rows: graph(mx.ones((rows,), dtype=mx.int32), *buffers), lambda: load(buffers), repeats, 2
+        )
+        for rows in rows_list
+    }
     target.off_device(cache_tokens)
     return out
 
