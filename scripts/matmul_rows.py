@@ -48,6 +48,7 @@ def per_call_ms(fn, xs, w, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="1,4,8,16")
+    parser.add_argument("--shapes", default="", help="only the shapes whose name holds this (e.g. qwen3-4b)")
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--save")
@@ -58,6 +59,8 @@ def main() -> None:
         sys.exit(f"error: the few-row kernel failed ({frm._state['failed']})")
     out = []
     for name, (n, k) in SHAPES.items():
+        if args.shapes not in name:
+            continue
         w = mx.random.normal((n, k)) * 0.02
         w16 = w.astype(mx.bfloat16)
         mx.eval(w, w16)
@@ -69,10 +72,12 @@ def main() -> None:
             row["mlx_f32_ms"] = per_call_ms(lambda x, w: x @ w.T, xs, w, args.repeats)
             row["mlx_bf16_ms"] = per_call_ms(lambda x, w: x @ w.T, xs16, w16, args.repeats)
             # the kernel at one row too (the engine sends it 2..16): what it would make of a plain step
+            # ..._pf: its weights read a step ahead of the sums (frm.PREFETCH)
             for nw in (2, 4, 8):
-                row[f"kernel_nw{nw}_ms"] = per_call_ms(
-                    lambda x, w, nw=nw: frm.few_rows_matmul(x, w, nw), xs, w, args.repeats
-                )
+                for prefetch in (False, True):
+                    row[f"kernel_nw{nw}{'_pf' if prefetch else ''}_ms"] = per_call_ms(
+                        lambda x, w, nw=nw, pf=prefetch: frm.few_rows_matmul(x, w, nw, pf), xs, w, args.repeats
+                    )
             ref = xs[0] @ w.T
             row["max_rel_diff"] = (mx.abs(frm.few_rows_matmul(xs[0], w) - ref).max() / mx.abs(ref).max()).item()
             row["mlx_rows_vs_one_rel_diff"] = (mx.abs(ref[0] - xs[0][:1] @ w.T).max() / mx.abs(ref).max()).item()

@@ -31,6 +31,8 @@ MIN_ROWS, MAX_ROWS = 2, 16
 THREADS = 128  # 4 warps a block
 ENV = "DFLASH_FEW_ROWS_MATMUL"
 DEFAULT_ON = True  # measured on an H100 against MLX's own (scripts/matmul_rows.py): faster where it fits
+PREFETCH_ENV = "DFLASH_FEW_ROWS_PREFETCH"
+PREFETCH = False  # the weights' next reads ahead of the sums: to be measured against this
 
 _SOURCE = r"""
 constexpr int WARPS = THREADS / 32;
@@ -50,11 +52,22 @@ for (int i = 0; i < NW; ++i) {
     acc[i][m] = 0.0f;
   }
 }
+// PREFETCH: load the next step's weights before this step's sums, so their reads overlap the
+// arithmetic (a thread walks K in few steps: 5 for K = 2,560)
+#define DFM_LOAD(dst, kk) \
+  for (int i = 0; i < NW; ++i) { \
+    dst[i] = n0 + i < N && (kk) < K4 ? __ldg(w4 + (size_t)(n0 + i) * K4 + (kk)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f); \
+  }
+float4 wv[NW];
+if (PREFETCH) {
+  DFM_LOAD(wv, threadIdx.x)
+}
 for (int k = threadIdx.x; k < K4; k += THREADS) {
-  float4 wv[NW];
-  #pragma unroll
-  for (int i = 0; i < NW; ++i) {
-    wv[i] = n0 + i < N ? __ldg(w4 + (size_t)(n0 + i) * K4 + k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 wn[NW];
+  if (PREFETCH) {
+    DFM_LOAD(wn, k + THREADS)
+  } else {
+    DFM_LOAD(wv, k)
   }
   #pragma unroll
   for (int m = 0; m < ROWS; ++m) {
@@ -68,7 +81,14 @@ for (int k = threadIdx.x; k < K4; k += THREADS) {
       acc[i][m] = fmaf(wv[i].w, xv.w, a);
     }
   }
+  if (PREFETCH) {
+    #pragma unroll
+    for (int i = 0; i < NW; ++i) {
+      wv[i] = wn[i];
+    }
+  }
 }
+#undef DFM_LOAD
 #pragma unroll
 for (int i = 0; i < NW; ++i) {
   #pragma unroll
@@ -99,7 +119,7 @@ for (int j = threadIdx.x; j < NW * ROWS; j += THREADS) {
 """
 
 _lock = threading.Lock()
-_kernels = {}  # (rows, outputs per block) -> the mx.fast kernel
+_kernels = {}  # (rows, outputs per block, prefetch) -> the mx.fast kernel
 _state = {}  # "on": the switch as read at install; "checked": the self-check passed; "failed": why not
 
 
@@ -129,16 +149,28 @@ def outputs_per_block(n: int, k: int, rows: int) -> int:
     return 4 if n >= 8192 else 2
 
 
-def _kernel(rows: int, nw: int):
-    key = (rows, nw)
+def _constants(rows: int, nw: int, prefetch: bool) -> str:
+    """The kernel's template constants, ahead of _SOURCE (tests/test_kernel_emulation.py runs the same)."""
+    return f"constexpr int ROWS = {rows};\nconstexpr int NW = {nw};\nconstexpr int THREADS = {THREADS};\n" + (
+        f"constexpr bool PREFETCH = {'true' if prefetch else 'false'};\n"
+    )
+
+
+def prefetch_on() -> bool:
+    """Whether the kernel loads a step's weights ahead (DFLASH_FEW_ROWS_PREFETCH=0|1, else PREFETCH)."""
+    flag = os.environ.get(PREFETCH_ENV, "").strip()
+    return flag == "1" if flag in ("0", "1") else PREFETCH
+
+
+def _kernel(rows: int, nw: int, prefetch: bool):
+    key = (rows, nw, prefetch)
     with _lock:
         if key not in _kernels:
             _kernels[key] = mx.fast.cuda_kernel(
-                name=f"dflash_few_rows_matmul_r{rows}_nw{nw}",
+                name=f"dflash_few_rows_matmul_r{rows}_nw{nw}" + ("_pf" if prefetch else ""),
                 input_names=["act", "wgt"],
                 output_names=["res"],
-                source=f"constexpr int ROWS = {rows};\nconstexpr int NW = {nw};\nconstexpr int THREADS = {THREADS};\n"
-                + _SOURCE,
+                source=_constants(rows, nw, prefetch) + _SOURCE,
             )
         return _kernels[key]
 
@@ -154,12 +186,13 @@ def fits(x: mx.array, w: mx.array) -> bool:
     return x.shape[-1] == k and k % 4 == 0 and MIN_ROWS <= rows <= MAX_ROWS and (rows <= 8 or k >= 1024 or n < 8192)
 
 
-def few_rows_matmul(x: mx.array, w: mx.array, nw: int = None) -> mx.array:
+def few_rows_matmul(x: mx.array, w: mx.array, nw: int = None, prefetch: bool = None) -> mx.array:
     """x @ w.T through the kernel: x (..., K) with 2..16 rows in all, w (N, K), float32, CUDA."""
     n, k = w.shape
     rows = x.size // k
     nw = nw or outputs_per_block(n, k, rows)
-    (y,) = _kernel(rows, nw)(
+    prefetch = prefetch_on() if prefetch is None else prefetch
+    (y,) = _kernel(rows, nw, prefetch)(
         inputs=[x.reshape(rows, k), w],
         grid=(-(-n // nw) * THREADS, 1, 1),
         threadgroup=(THREADS, 1, 1),
