@@ -14,7 +14,7 @@
 #   bash scripts/gpu_figures.sh overlap   host time against device time (host_overlap.py): eager and
 #                                          pipelined steps and cycles, the draft compiled or not
 #   bash scripts/gpu_figures.sh heldout   the default pair on all 40 held-out chat requests, float32:
-#                                          the adaptive policy side by side with the fixed one
+#                                          after a warm-up process, the adaptive policy side by side with the fixed one
 #                                          (REPEAT=N repeats, default 3)
 #   bash scripts/gpu_figures.sh compiled  the cycle as CUDA runs it by default (pipelined, compiled):
 #                                          after a warm-up process, the lossless tests of the
@@ -95,6 +95,7 @@ overlap)
   DFLASH_COMPILE_DRAFT=1 run host-overlap-compiled 120 $py scripts/host_overlap.py --repeats 5 --save "$out/host-overlap-compiled.json"
   ;;
 heldout)
+  DFLASH_DTYPE=float32 piece warm-up 150 --prompt "Hello" --max-tokens 64 --repeat 1 --policy adaptive --policy-sweep fixed
   DFLASH_DTYPE=float32 piece h200-smollm2-135m-policy 560 --prompts assets/prompts/chat_heldout.json \
     --policy adaptive --policy-sweep fixed --repeat "${REPEAT:-3}"
   ;;
