@@ -37,10 +37,6 @@
 #   bash scripts/gpu_figures.sh now-checks  the lossless tests of every family (pipelined, compiled,
 #                                          interleaved), the fused attention's and the few-row matmul's
 #                                          tests, attention by rows, and both targets' forwards by rows
-#   bash scripts/gpu_figures.sh prefetch  the few-row matmul reading its weights a step ahead of its sums
-#                                          (DFLASH_FEW_ROWS_PREFETCH) against not: its cost by rows on
-#                                          Qwen3-4B's shapes, its tests, and that target's oracle at B = 16, float32,
-#                                          four processes in turn (without, with, without, with)
 #   bash scripts/gpu_figures.sh passes    the fused attention's single pass against its two passes on
 #                                          the 40 held-out requests: four processes in turn (single,
 #                                          two, single, two), each both policies, one repeat
@@ -151,18 +147,6 @@ now-checks)
   run q4b-rows 80 $py scripts/forward_rows.py --model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft \
     --rows 2,4,8,16 --cycles 0 --compiled --save "$out/q4b-rows.json"
   ;;
-prefetch)
-  export DFLASH_DTYPE=float32
-  [[ -d /tmp/q4b/qwen3-target ]] || $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
-  Q4B=(--model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft --block-size 16 --oracle --prompt "def parse(line):")
-  piece q4b-warm-up 150 "${Q4B[@]}" --max-tokens 32 --repeat 1
-  run few-rows-tests 60 $py -m pytest tests/test_few_rows_matmul.py -q -p no:cacheprovider
-  run matmul-rows 90 $py scripts/matmul_rows.py --shapes qwen3-4b --rows 8,16 --save "$out/matmul-rows.json"
-  for k in 1 2; do
-    DFLASH_FEW_ROWS_PREFETCH=0 piece q4b-f32-loads-in-step-$k 110 "${Q4B[@]}" --repeat 3
-    DFLASH_FEW_ROWS_PREFETCH=1 piece q4b-f32-loads-ahead-$k 110 "${Q4B[@]}" --repeat 3
-  done
-  ;;
 passes)
   export DFLASH_DTYPE=float32
   piece warm-up 150 --prompt "Hello" --max-tokens 64 --repeat 1 --policy adaptive --policy-sweep fixed
@@ -187,7 +171,7 @@ graphs)
   done
   ;;
 *)
-  echo "usage: bash scripts/gpu_figures.sh checks|cycle|overlap|heldout|compiled|trace|rows|now|now-checks|prefetch|passes|graphs" >&2
+  echo "usage: bash scripts/gpu_figures.sh checks|cycle|overlap|heldout|compiled|trace|rows|now|now-checks|passes|graphs" >&2
   exit 2
   ;;
 esac

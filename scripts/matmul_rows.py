@@ -72,12 +72,10 @@ def main() -> None:
             row["mlx_f32_ms"] = per_call_ms(lambda x, w: x @ w.T, xs, w, args.repeats)
             row["mlx_bf16_ms"] = per_call_ms(lambda x, w: x @ w.T, xs16, w16, args.repeats)
             # the kernel at one row too (the engine sends it 2..16): what it would make of a plain step
-            # ..._pf: its weights read a step ahead of the sums (frm.PREFETCH)
             for nw in (2, 4, 8):
-                for prefetch in (False, True):
-                    row[f"kernel_nw{nw}{'_pf' if prefetch else ''}_ms"] = per_call_ms(
-                        lambda x, w, nw=nw, pf=prefetch: frm.few_rows_matmul(x, w, nw, pf), xs, w, args.repeats
-                    )
+                row[f"kernel_nw{nw}_ms"] = per_call_ms(
+                    lambda x, w, nw=nw: frm.few_rows_matmul(x, w, nw), xs, w, args.repeats
+                )
             ref = xs[0] @ w.T
             row["max_rel_diff"] = (mx.abs(frm.few_rows_matmul(xs[0], w) - ref).max() / mx.abs(ref).max()).item()
             row["mlx_rows_vs_one_rel_diff"] = (mx.abs(ref[0] - xs[0][:1] @ w.T).max() / mx.abs(ref).max()).item()

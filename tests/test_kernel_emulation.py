@@ -109,24 +109,17 @@ def test_cuda_kernel_matches_the_reference(tmp_path, single, case):
 
 
 @pytest.mark.parametrize(
-    "rows,n,k,nw,prefetch",
-    [
-        (2, 40, 64, 2, False),
-        (5, 33, 128, 4, True),
-        (8, 257, 96, 2, False),
-        (16, 70, 1056, 4, True),
-        (12, 45, 64, 8, False),
-        (16, 45, 544, 8, True),
-    ],
+    "rows,n,k,nw",
+    [(2, 40, 64, 2), (5, 33, 128, 4), (8, 257, 96, 2), (16, 70, 1056, 4), (12, 45, 64, 8), (16, 45, 544, 8)],
 )
-def test_few_rows_matmul_kernel_matches_the_product(tmp_path, rows, n, k, nw, prefetch):
+def test_few_rows_matmul_kernel_matches_the_product(tmp_path, rows, n, k, nw):
     """x @ w.T for 2..16 rows of x, every output column, at every width of a block (the 2, 4 and 8
-    columns of frm.outputs_per_block), with column counts that leave the last block partial, its
-    weights read in the step they are summed or a step ahead (K of several steps, the last partial)."""
+    columns of frm.outputs_per_block), with column counts that leave the last block partial and
+    shared dimensions that take a thread several steps (the last partial)."""
     program = (
         PRELUDE
         + "void kernel(const float* act, const float* wgt, Shape wgt_shape, float* res) {\n"
-        + frm._constants(rows, nw, prefetch)
+        + frm._constants(rows, nw)
         + frm._SOURCE
         + "}\nint main(int argc, char** argv) {\n"
         + f"  auto x = load(argv[1], {rows * k}), w = load(argv[2], {n * k});\n"

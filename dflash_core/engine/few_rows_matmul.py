@@ -31,8 +31,6 @@ MIN_ROWS, MAX_ROWS = 2, 16
 THREADS = 128  # 4 warps a block
 ENV = "DFLASH_FEW_ROWS_MATMUL"
 DEFAULT_ON = True  # measured on an H100 against MLX's own (scripts/matmul_rows.py): faster where it fits
-PREFETCH_ENV = "DFLASH_FEW_ROWS_PREFETCH"
-PREFETCH = False  # the weights' next reads ahead of the sums: to be measured against this
 
 _SOURCE = r"""
 constexpr int WARPS = THREADS / 32;
@@ -52,22 +50,11 @@ for (int i = 0; i < NW; ++i) {
     acc[i][m] = 0.0f;
   }
 }
-// PREFETCH: load the next step's weights before this step's sums, so their reads overlap the
-// arithmetic (a thread walks K in few steps: 5 for K = 2,560)
-#define DFM_LOAD(dst, kk) \
-  for (int i = 0; i < NW; ++i) { \
-    dst[i] = n0 + i < N && (kk) < K4 ? __ldg(w4 + (size_t)(n0 + i) * K4 + (kk)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f); \
-  }
-float4 wv[NW];
-if (PREFETCH) {
-  DFM_LOAD(wv, threadIdx.x)
-}
 for (int k = threadIdx.x; k < K4; k += THREADS) {
-  float4 wn[NW];
-  if (PREFETCH) {
-    DFM_LOAD(wn, k + THREADS)
-  } else {
-    DFM_LOAD(wv, k)
+  float4 wv[NW];
+  #pragma unroll
+  for (int i = 0; i < NW; ++i) {
+    wv[i] = n0 + i < N ? __ldg(w4 + (size_t)(n0 + i) * K4 + k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   #pragma unroll
   for (int m = 0; m < ROWS; ++m) {
@@ -81,14 +68,7 @@ for (int k = threadIdx.x; k < K4; k += THREADS) {
       acc[i][m] = fmaf(wv[i].w, xv.w, a);
     }
   }
-  if (PREFETCH) {
-    #pragma unroll
-    for (int i = 0; i < NW; ++i) {
-      wv[i] = wn[i];
-    }
-  }
 }
-#undef DFM_LOAD
 #pragma unroll
 for (int i = 0; i < NW; ++i) {
   #pragma unroll
@@ -119,7 +99,7 @@ for (int j = threadIdx.x; j < NW * ROWS; j += THREADS) {
 """
 
 _lock = threading.Lock()
-_kernels = {}  # (rows, outputs per block, prefetch) -> the mx.fast kernel
+_kernels = {}  # (rows, outputs per block) -> the mx.fast kernel
 _state = {}  # "on": the switch as read at install; "checked": the self-check passed; "failed": why not
 
 
@@ -143,34 +123,30 @@ def outputs_per_block(n: int, k: int, rows: int) -> int:
     x dominate: 4, and 8 where K is deep (by width on an H100 at 16 rows, ms, 2 / 4 / 8 columns:
     Qwen3-4B's down projection, 2560 x 9728, 0.099 / 0.081 / 0.065; its q, 4096 x 2560, 0.040 /
     0.035 / 0.036; at 8 rows 0.059 / 0.061 / 0.062 and 0.027 / 0.028 / 0.031;
-    docs/results/h100-few-rows-matmul.json)."""
+    docs/results/h100-few-rows-matmul.json; on another H100 at 16 rows the down projection 0.122 /
+    0.100 / 0.083, the o projection 0.054 / 0.053 / 0.039, the head 0.86 / 0.72 / 0.81:
+    h100-few-rows-matmul-prefetch.json). Loading a step's weights ahead of its sums did not pay
+    there: slower in 30 of 36 cases (shape, rows, width), by up to 32%, and at the best width
+    never faster by more than 0.3%."""
     if rows > 8:
         return 8 if k >= 4096 else 4
     return 4 if n >= 8192 else 2
 
 
-def _constants(rows: int, nw: int, prefetch: bool) -> str:
+def _constants(rows: int, nw: int) -> str:
     """The kernel's template constants, ahead of _SOURCE (tests/test_kernel_emulation.py runs the same)."""
-    return f"constexpr int ROWS = {rows};\nconstexpr int NW = {nw};\nconstexpr int THREADS = {THREADS};\n" + (
-        f"constexpr bool PREFETCH = {'true' if prefetch else 'false'};\n"
-    )
+    return f"constexpr int ROWS = {rows};\nconstexpr int NW = {nw};\nconstexpr int THREADS = {THREADS};\n"
 
 
-def prefetch_on() -> bool:
-    """Whether the kernel loads a step's weights ahead (DFLASH_FEW_ROWS_PREFETCH=0|1, else PREFETCH)."""
-    flag = os.environ.get(PREFETCH_ENV, "").strip()
-    return flag == "1" if flag in ("0", "1") else PREFETCH
-
-
-def _kernel(rows: int, nw: int, prefetch: bool):
-    key = (rows, nw, prefetch)
+def _kernel(rows: int, nw: int):
+    key = (rows, nw)
     with _lock:
         if key not in _kernels:
             _kernels[key] = mx.fast.cuda_kernel(
-                name=f"dflash_few_rows_matmul_r{rows}_nw{nw}" + ("_pf" if prefetch else ""),
+                name=f"dflash_few_rows_matmul_r{rows}_nw{nw}",
                 input_names=["act", "wgt"],
                 output_names=["res"],
-                source=_constants(rows, nw, prefetch) + _SOURCE,
+                source=_constants(rows, nw) + _SOURCE,
             )
         return _kernels[key]
 
@@ -186,13 +162,12 @@ def fits(x: mx.array, w: mx.array) -> bool:
     return x.shape[-1] == k and k % 4 == 0 and MIN_ROWS <= rows <= MAX_ROWS and (rows <= 8 or k >= 1024 or n < 8192)
 
 
-def few_rows_matmul(x: mx.array, w: mx.array, nw: int = None, prefetch: bool = None) -> mx.array:
+def few_rows_matmul(x: mx.array, w: mx.array, nw: int = None) -> mx.array:
     """x @ w.T through the kernel: x (..., K) with 2..16 rows in all, w (N, K), float32, CUDA."""
     n, k = w.shape
     rows = x.size // k
     nw = nw or outputs_per_block(n, k, rows)
-    prefetch = prefetch_on() if prefetch is None else prefetch
-    (y,) = _kernel(rows, nw, prefetch)(
+    (y,) = _kernel(rows, nw)(
         inputs=[x.reshape(rows, k), w],
         grid=(-(-n // nw) * THREADS, 1, 1),
         threadgroup=(THREADS, 1, 1),
