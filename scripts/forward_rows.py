@@ -129,7 +129,10 @@ def main():
     )
     p.add_argument("--cycles", type=int, help="engine cycles on only the first N requests (0: none)")
     p.add_argument(
-        "--compiled", action="store_true", help="also time the forward as CUDA's cycles run it (compiled, fixed size)"
+        "--compiled",
+        action="store_true",
+        help="also time the forward as CUDA's cycles run it (compiled, fixed size); targets with plain "
+        "attention caches only, as the compiled cycles",
     )
     p.add_argument("--save", help="also write the JSON here")
     args = p.parse_args()

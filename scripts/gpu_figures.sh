@@ -64,6 +64,15 @@ run() {  # name, time limit (s), command...
   timeout "$limit" "$@" > "$out/$name.log" 2>&1
   stamp "end $name: exit $?"
 }
+warm_up() {  # name: a short run of both policies, in which a fresh machine compiles MLX's kernels
+  piece "$1" 150 --prompt "Hello" --max-tokens 64 --repeat 1 --policy adaptive --policy-sweep fixed
+}
+# the random Qwen3-4B-shaped pair (made once per machine, q4b) and its oracle's run at a block of 16
+Q4B=(--model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft)
+ORACLE16=(--block-size 16 --oracle --prompt "def parse(line):" --repeat 3)
+q4b() {
+  [[ -d /tmp/q4b/qwen3-target ]] || $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
+}
 case "${1:-}" in
 checks)
   $py -m dflash_core doctor --json > "$out/doctor.json" 2>&1
@@ -73,17 +82,15 @@ checks)
   DFLASH_DTYPE=float32 DFLASH_FUSED_ATTENTION=1 run forward-rows-fused 60 $py scripts/forward_rows.py --save "$out/forward-rows-fused.json"
   run lossless 120 $py -m pytest tests/test_policy.py tests/test_engine.py -q -p no:cacheprovider -m "not slow" -k "lossless or interleav"
   run first-divergence-gemma4 60 $py scripts/first_divergence.py --family gemma4_text
-  $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
-  Q4B=(--model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft --oracle --prompt "def parse(line):" --repeat 3)
-  piece h200-qwen3-4b-shape-bf16 100 "${Q4B[@]}"
-  DFLASH_DTYPE=float32 piece h200-qwen3-4b-shape-f32 100 "${Q4B[@]}"
+  q4b
+  piece h200-qwen3-4b-shape-bf16 100 "${Q4B[@]}" --oracle --prompt "def parse(line):" --repeat 3
+  DFLASH_DTYPE=float32 piece h200-qwen3-4b-shape-f32 100 "${Q4B[@]}" --oracle --prompt "def parse(line):" --repeat 3
   ;;
 cycle)
   DFLASH_DTYPE=float32 run forward-rows 150 $py scripts/forward_rows.py --save "$out/h200-forward-rows.json"
   DFLASH_DTYPE=float32 run cycle-profile 90 $py scripts/cycle_profile.py --save "$out/cycle-profile.json"
-  $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
-  DFLASH_DTYPE=float32 piece h200-qwen3-4b-shape-f32 120 --model /tmp/q4b/qwen3-target \
-    --draft /tmp/q4b/qwen3-draft --block-size 16 --oracle --prompt "def parse(line):" --repeat 3
+  q4b
+  DFLASH_DTYPE=float32 piece h200-qwen3-4b-shape-f32 120 "${Q4B[@]}" "${ORACLE16[@]}"
   ;;
 overlap)
   export DFLASH_DTYPE=float32
@@ -91,7 +98,7 @@ overlap)
   DFLASH_COMPILE_DRAFT=1 run host-overlap-compiled 120 $py scripts/host_overlap.py --repeats 5 --save "$out/host-overlap-compiled.json"
   ;;
 heldout)
-  DFLASH_DTYPE=float32 piece warm-up 150 --prompt "Hello" --max-tokens 64 --repeat 1 --policy adaptive --policy-sweep fixed
+  DFLASH_DTYPE=float32 warm_up warm-up
   DFLASH_DTYPE=float32 piece h200-smollm2-135m-policy 560 --prompts assets/prompts/chat_heldout.json \
     --policy adaptive --policy-sweep fixed --repeat "${REPEAT:-3}"
   ;;
@@ -99,7 +106,7 @@ compiled)
   export DFLASH_DTYPE=float32
   # a fresh machine compiles MLX's kernels, and the compiled cycles' fused ones, in its first
   # process (minutes; kept on disk for later processes): a short run of every policy pays it here
-  piece compiled-warm-up 150 --prompt "Hello" --max-tokens 64 --repeat 1 --policy adaptive --policy-sweep fixed
+  warm_up compiled-warm-up
   # lossless with the defaults (pipelined, compiled): plain steps and every verify size interleaved,
   # budgets and cancellation, the oracle, every accepted length
   run compiled-tests 90 $py -m pytest -q -p no:cacheprovider tests/test_pipeline.py \
@@ -116,11 +123,10 @@ rows)
   export DFLASH_DTYPE=float32 DFLASH_FEW_ROWS_MATMUL=1
   run few-rows-tests 80 $py -m pytest tests/test_few_rows_matmul.py -q -p no:cacheprovider -x
   run matmul-rows 100 $py scripts/matmul_rows.py --save "$out/matmul-rows.json"
-  $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
-  Q4B=(--model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft)
+  q4b
   run q4b-rows-few-rows 75 $py scripts/forward_rows.py "${Q4B[@]}" --rows 2,4,8,16 --cycles 0 --save "$out/q4b-rows-few-rows.json"
   DFLASH_FEW_ROWS_MATMUL=0 run q4b-rows-mlx 60 $py scripts/forward_rows.py "${Q4B[@]}" --rows 2,4,8,16 --cycles 0 --save "$out/q4b-rows-mlx.json"
-  piece qwen3-4b-shape-f32-few-rows 150 "${Q4B[@]}" --block-size 16 --oracle --prompt "def parse(line):" --repeat 3
+  piece qwen3-4b-shape-f32-few-rows 150 "${Q4B[@]}" "${ORACLE16[@]}"
   ;;
 trace)
   DFLASH_DTYPE=float32 run policy-trace 200 $py scripts/policy_trace.py --requests "${REQUESTS:-25,9,4,22,36,3}" \
@@ -128,29 +134,26 @@ trace)
   ;;
 now)
   export DFLASH_DTYPE=float32
-  piece warm-up 150 --prompt "Hello" --max-tokens 64 --repeat 1 --policy adaptive --policy-sweep fixed
+  warm_up warm-up
   piece benchmark-gpu 240 --prompts assets/prompts/chat_heldout.json --policy adaptive --policy-sweep fixed --repeat 1
-  $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
-  Q4B=(--model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft --block-size 16 --oracle --prompt "def parse(line):" --repeat 3)
+  q4b
   # this target's first process compiles its own kernels (140 s in all on a fresh H100)
-  piece qwen3-4b-shape-f32 200 "${Q4B[@]}"
+  piece qwen3-4b-shape-f32 200 "${Q4B[@]}" "${ORACLE16[@]}"
   ;;
 now-checks)
   export DFLASH_DTYPE=float32
-  [[ -d /tmp/q4b/qwen3-target ]] || $py -m dflash_core.random_models --family qwen3 --shape qwen3-4b --out /tmp/q4b --seed 3 > /dev/null
-  DFLASH_DTYPE= piece qwen3-4b-shape-bf16 150 --model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft \
-    --block-size 16 --oracle --prompt "def parse(line):" --repeat 3
+  q4b
+  DFLASH_DTYPE= piece qwen3-4b-shape-bf16 150 "${Q4B[@]}" "${ORACLE16[@]}"
   run lossless 140 $py -m pytest tests/test_pipeline.py tests/test_policy.py tests/test_engine.py -q \
     -p no:cacheprovider -m "not slow" -k "lossless or interleav or traces_every"
   DFLASH_FUSED_ATTENTION_VERBOSE=0 run fused-tests 120 $py -m pytest tests/test_fused_attention.py \
     tests/test_few_rows_matmul.py -q -p no:cacheprovider
   run forward-rows 80 $py scripts/forward_rows.py --compiled --save "$out/forward-rows.json"
-  run q4b-rows 80 $py scripts/forward_rows.py --model /tmp/q4b/qwen3-target --draft /tmp/q4b/qwen3-draft \
-    --rows 2,4,8,16 --cycles 0 --compiled --save "$out/q4b-rows.json"
+  run q4b-rows 80 $py scripts/forward_rows.py "${Q4B[@]}" --rows 2,4,8,16 --cycles 0 --compiled --save "$out/q4b-rows.json"
   ;;
 passes)
   export DFLASH_DTYPE=float32
-  piece warm-up 150 --prompt "Hello" --max-tokens 64 --repeat 1 --policy adaptive --policy-sweep fixed
+  warm_up warm-up
   H=(--prompts assets/prompts/chat_heldout.json --policy adaptive --policy-sweep fixed --repeat 1)
   # the two passes: fused_attention.one_pass answering no, in the benchmark's own process
   two="import runpy, sys; from dflash_core.engine import fused_attention as fa; fa.one_pass = lambda *a: False"

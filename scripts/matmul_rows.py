@@ -53,14 +53,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--save")
     args = parser.parse_args()
+    shapes = {name: nk for name, nk in SHAPES.items() if args.shapes in name}
+    if not shapes:
+        sys.exit(f"error: no shape's name holds {args.shapes!r}; the names: {', '.join(SHAPES)}")
     if not frm.on_cuda():
         sys.exit("error: the few-row kernel needs MLX's CUDA backend; run this on an NVIDIA GPU")
     if not frm.self_check():
         sys.exit(f"error: the few-row kernel failed ({frm._state['failed']})")
     out = []
-    for name, (n, k) in SHAPES.items():
-        if args.shapes not in name:
-            continue
+    for name, (n, k) in shapes.items():
         w = mx.random.normal((n, k)) * 0.02
         w16 = w.astype(mx.bfloat16)
         mx.eval(w, w16)
